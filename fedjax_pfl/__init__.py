@@ -1,0 +1,15 @@
+"""fedjax_pfl: a JAX-vectorized simulator for personalized federated learning."""
+
+from . import aggregators as aggregators
+from . import algorithms as algorithms
+from . import core as core
+from . import data as data
+from . import metrics as metrics
+from . import models as models
+from .core import Algorithm as Algorithm
+from .core import AlgorithmState as AlgorithmState
+from .core import EngineConfig as EngineConfig
+from .core import simulate as simulate
+from .core import sweep as sweep
+
+__version__ = "0.1.0"

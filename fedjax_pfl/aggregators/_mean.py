@@ -1,0 +1,52 @@
+"""Aggregators as ``(init, aggregate)`` pairs over stacked client updates."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+PyTree = Any
+
+
+class Aggregator(NamedTuple):
+    """A server aggregation rule.
+
+    Attributes:
+      init: ``params -> aggregator state``.
+      aggregate: ``(state, updates[m, ...], weights[m], mask[m], key) ->
+        (aggregated update, state)``. ``mask`` is 1 for cohort members whose update
+        counts; rules must be invariant to the order of the cohort.
+    """
+
+    init: Callable[[PyTree], PyTree]
+    aggregate: Callable[..., tuple[PyTree, PyTree]]
+
+
+def weighted_mean(updates: PyTree, weights: jax.Array) -> PyTree:
+    """``sum_k w_k u_k / sum_k w_k`` over the leading axis."""
+    total = jnp.maximum(jnp.sum(weights), 1e-12)
+
+    def avg(u):
+        w = weights.reshape((-1,) + (1,) * (u.ndim - 1)).astype(u.dtype)
+        return jnp.sum(w * u, axis=0) / total
+
+    return jax.tree.map(avg, updates)
+
+
+def mean(weighted: bool = True) -> Aggregator:
+    """(Weighted) mean of the updates: FedAvg's rule (McMahan et al., 2017).
+
+    Args:
+      weighted: weight each update by its client's weight (its number of training
+        examples); ``False`` gives the plain average of the Ditto paper's Alg. 2.
+    """
+
+    def aggregate(state, updates, weights, mask, key):
+        del key
+        w = mask * weights if weighted else mask
+        return weighted_mean(updates, w), state
+
+    return Aggregator(lambda params: (), aggregate)

@@ -1,0 +1,115 @@
+"""Client-axis operations: cohort sampling, gather/scatter, lifting a kernel."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._types import PyTree
+
+COHORT_MODES = ("uniform", "size_weighted", "full")
+STRATEGIES = ("vmap", "map")
+
+
+def tree_gather(tree: PyTree, ids: jax.Array) -> PyTree:
+    """Rows ``ids`` of every leaf (the cohort's slice of stacked client state)."""
+    return jax.tree.map(lambda a: a[ids], tree)
+
+
+def tree_scatter(tree: PyTree, ids: jax.Array, values: PyTree) -> PyTree:
+    """Writes ``values`` back into rows ``ids`` of every leaf (ids are unique)."""
+    return jax.tree.map(lambda a, v: a.at[ids].set(v), tree, values)
+
+
+def tree_stack(trees: list[PyTree]) -> PyTree:
+    return jax.tree.map(lambda *a: jnp.stack(a), *trees)
+
+
+def tree_broadcast(tree: PyTree, n: int) -> PyTree:
+    """Stacks ``n`` copies of ``tree`` along a new leading client axis."""
+    return jax.tree.map(lambda a: jnp.broadcast_to(a, (n, *jnp.shape(a))), tree)
+
+
+def sample_cohort(
+    key: jax.Array, counts: jax.Array, cohort_size: int, mode: str
+) -> jax.Array:
+    """Sorted ids of this round's cohort, ``[cohort_size]`` int32.
+
+    Modes:
+      * ``uniform``: ``cohort_size`` clients uniformly without replacement.
+      * ``size_weighted``: without replacement with probability proportional to the
+        number of training examples (Gumbel top-k; equal in distribution to the
+        Ditto code's sequential ``np.random.choice(p=n_k/sum n)``).
+      * ``full``: every client (``cohort_size`` must equal the number of clients).
+    """
+    num_clients = counts.shape[0]
+    if mode == "full":
+        return jnp.arange(num_clients, dtype=jnp.int32)
+    if mode == "uniform":
+        logits = jnp.zeros((num_clients,))
+    elif mode == "size_weighted":
+        logits = jnp.log(counts.astype(jnp.float32))
+    else:
+        raise ValueError(f"cohort: must be one of {COHORT_MODES}, got {mode!r}")
+    g = logits + jax.random.gumbel(key, (num_clients,))
+    _, ids = jax.lax.top_k(g, cohort_size)
+    return jnp.sort(ids).astype(jnp.int32)
+
+
+def lift(
+    fn: Callable, strategy: str = "vmap", map_batch_size: int | None = None
+) -> Callable:
+    """Lifts a one-client function over a leading cohort axis of its arguments.
+
+    ``fn(*per_client_args)``; every argument of the lifted function carries a
+    leading cohort axis. Shared values must be closed over.
+
+    Strategies (same numbers, different schedules):
+      * ``vmap``: one batched program (best on GPU/TPU).
+      * ``map``: ``jax.lax.map`` over clients, ``map_batch_size`` clients at a time
+        (``1`` = sequential; bounded memory; often best on CPU).
+    """
+    if strategy == "vmap":
+        return jax.vmap(fn)
+    if strategy == "map":
+
+        def mapped(*args):
+            return jax.lax.map(lambda a: fn(*a), args, batch_size=map_batch_size)
+
+        return mapped
+    raise ValueError(f"strategy: must be one of {STRATEGIES}, got {strategy!r}")
+
+
+def default_strategy(backend: str | None = None) -> tuple[str, int | None]:
+    """The client-parallel strategy chosen by measurement for a backend.
+
+    See docs/results/throughput.md: on XLA:CPU batched (vmapped) matmuls are slower
+    than a sequential map over clients; on GPU/TPU vmap wins.
+    """
+    backend = backend or jax.default_backend()
+    if backend == "cpu":
+        return "map", 1
+    return "vmap", None
+
+
+def client_keys(key: jax.Array, ids: jax.Array) -> jax.Array:
+    """Per-client keys ``fold_in(key, id)``: independent of cohort order/devices."""
+    return jax.vmap(lambda i: jax.random.fold_in(key, i))(ids)
+
+
+def is_concrete(x) -> bool:
+    return not isinstance(x, jax.core.Tracer)
+
+
+def check_positive(name: str, value, *, integer: bool = False) -> None:
+    """Raises ValueError unless ``value > 0`` (skipped for traced values)."""
+    if not is_concrete(value):
+        return
+    arr = np.asarray(value)
+    if integer and (arr.dtype.kind not in "iu" or arr.ndim != 0):
+        raise ValueError(f"{name}: must be a positive integer, got {value!r}")
+    if not np.all(np.isfinite(arr)) or np.any(arr <= 0):
+        raise ValueError(f"{name}: must be positive and finite, got {value!r}")

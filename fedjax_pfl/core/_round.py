@@ -1,0 +1,125 @@
+"""The fused round: sample, gather, run the one-client kernel over the cohort,
+aggregate on the server, scatter the personal states back. One jittable function."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from ._clients import client_keys, lift, sample_cohort, tree_gather, tree_scatter
+from ._types import AlgorithmState, ClientResult, PyTree
+
+# Sub-key tags: fold_in(round_key, TAG) so each use gets an independent stream.
+COHORT_TAG, CLIENT_TAG, SERVER_TAG = 0, 1, 2
+
+
+class EngineConfig:
+    """How the round is executed; never changes the numbers.
+
+    Args:
+      strategy: ``'vmap'`` or ``'map'`` (see :func:`fedjax_pfl.core.lift`);
+        ``None`` picks the measured default for the backend.
+      map_batch_size: clients per ``lax.map`` step for ``'map'``.
+      mesh: optional ``jax.sharding.Mesh`` with a ``'clients'`` axis; the cohort
+        axis of the round is then sharded over it.
+    """
+
+    def __init__(self, strategy: str | None = None, map_batch_size: int | None = None,
+                 mesh: jax.sharding.Mesh | None = None):
+        from ._clients import STRATEGIES, default_strategy
+
+        if strategy is None:
+            strategy, default_b = default_strategy()
+            map_batch_size = map_batch_size or default_b
+        if strategy not in STRATEGIES:
+            raise ValueError(f"strategy: must be one of {STRATEGIES}, got {strategy!r}")
+        if map_batch_size is not None and (
+            not isinstance(map_batch_size, int) or map_batch_size < 1
+        ):
+            raise ValueError(
+                f"map_batch_size: must be a positive integer, got {map_batch_size!r}"
+            )
+        if mesh is not None and "clients" not in mesh.axis_names:
+            raise ValueError(
+                f"mesh: needs an axis named 'clients', got axes {mesh.axis_names}"
+            )
+        self.strategy, self.map_batch_size, self.mesh = strategy, map_batch_size, mesh
+
+    def __repr__(self):
+        return (f"EngineConfig(strategy={self.strategy!r}, "
+                f"map_batch_size={self.map_batch_size}, mesh={self.mesh})")
+
+    def shard_cohort(self, tree: PyTree) -> PyTree:
+        """Constrains the leading (cohort) axis to the mesh's 'clients' axis."""
+        if self.mesh is None:
+            return tree
+        from jax.sharding import NamedSharding, PartitionSpec as P
+
+        def constrain(a):
+            spec = P("clients", *([None] * (a.ndim - 1)))
+            return jax.lax.with_sharding_constraint(a, NamedSharding(self.mesh, spec))
+
+        return jax.tree.map(constrain, tree)
+
+
+ClientFn = Callable[[PyTree, PyTree, jax.Array, jax.Array, Any], ClientResult]
+ServerFn = Callable[..., tuple[PyTree, dict]]
+
+
+def federated_round(
+    client_fn: ClientFn,
+    server_fn: ServerFn,
+    *,
+    cohort_size: int,
+    cohort: str,
+    engine: EngineConfig,
+) -> Callable[[AlgorithmState, Any, jax.Array], tuple[AlgorithmState, dict]]:
+    """Builds ``round_step(state, data, key)`` from a one-client kernel.
+
+    Args:
+      client_fn: ``(server_state, client_state, client_id, key, data) ->
+        ClientResult`` for ONE client; lifted over the cohort by ``engine``.
+      server_fn: ``(server_state, updates, weights, mask, client_metrics, key) ->
+        (server_state, server_metrics)`` with stacked ``[cohort, ...]`` inputs.
+      cohort_size: clients per round.
+      cohort: sampling mode (see :func:`sample_cohort`).
+      engine: execution strategy.
+
+    Keys: the round key is ``fold_in(key, round)``; client ``c`` trains with
+    ``fold_in(fold_in(round_key, CLIENT_TAG), c)``, so results do not depend on
+    the cohort's order, its size or the number of devices.
+    """
+
+    def round_step(state: AlgorithmState, data, key: jax.Array):
+        rkey = jax.random.fold_in(key, state.round)
+        ids = sample_cohort(
+            jax.random.fold_in(rkey, COHORT_TAG), data.train.counts, cohort_size, cohort
+        )
+        keys = client_keys(jax.random.fold_in(rkey, CLIENT_TAG), ids)
+        cohort_states = tree_gather(state.clients, ids)
+        cohort_states, ids_s, keys_s = engine.shard_cohort((cohort_states, ids, keys))
+
+        def one(client_state, cid, ckey):
+            return client_fn(state.server, client_state, cid, ckey, data)
+
+        res: ClientResult = lift(one, engine.strategy, engine.map_batch_size)(
+            cohort_states, ids_s, keys_s
+        )
+        mask = jnp.ones((ids.shape[0],), jnp.float32)
+        server, server_metrics = server_fn(
+            state.server, res.update, res.weight, mask, res.metrics,
+            jax.random.fold_in(rkey, SERVER_TAG),
+        )
+        clients = tree_scatter(state.clients, ids, res.client_state)
+        metrics = {f"train/{k}": jnp.mean(v) for k, v in res.metrics.items()}
+        metrics.update(server_metrics)
+        metrics["nonfinite_updates"] = jnp.asarray(
+            sum(jnp.sum(~jnp.isfinite(u)) for u in jax.tree.leaves(res.update)),
+            jnp.int32,
+        )
+        return AlgorithmState(server, clients, state.round + 1), metrics
+
+    return round_step
