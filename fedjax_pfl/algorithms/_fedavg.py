@@ -19,6 +19,7 @@ from fedjax_pfl.aggregators import Aggregator, mean
 from fedjax_pfl.core._clients import (
     COHORT_MODES,
     check_positive,
+    client_keys,
     lift,
     tree_broadcast,
 )
@@ -183,7 +184,7 @@ def fedavg(
         pseudo_grad = jax.tree.map(jnp.negative, delta)
         upd, opt_state = server_opt.update(pseudo_grad, server.opt_state, server.params)
         params = optax.apply_updates(server.params, upd)
-        norm = optax.global_norm(delta)
+        norm = optax.tree.norm(delta)
         return ServerState(params, opt_state, agg_state), {"server/update_norm": norm}
 
     def build(num_clients):
@@ -207,7 +208,7 @@ def fedavg(
 def finetune_all(model, params, data, key, cfg: LocalConfig, engine: EngineConfig):
     """Every client finetunes ``params`` on its training data: stacked results."""
     ids = jnp.arange(data.num_clients, dtype=jnp.int32)
-    keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(ids)
+    keys = client_keys(key, data.key_ids)
 
     def one(cid, k):
         return run_local(model, params, data, cid, k, cfg)[0]

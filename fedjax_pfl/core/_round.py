@@ -89,8 +89,9 @@ def federated_round(
       engine: execution strategy.
 
     Keys: the round key is ``fold_in(key, round)``; client ``c`` trains with
-    ``fold_in(fold_in(round_key, CLIENT_TAG), c)``, so results do not depend on
-    the cohort's order, its size or the number of devices.
+    ``fold_in(fold_in(round_key, CLIENT_TAG), data.key_ids[c])``, so results do
+    not depend on the cohort's order, its size, the clients' positions or the
+    number of devices.
     """
 
     def round_step(state: AlgorithmState, data, key: jax.Array):
@@ -98,7 +99,7 @@ def federated_round(
         ids = sample_cohort(
             jax.random.fold_in(rkey, COHORT_TAG), data.train.counts, cohort_size, cohort
         )
-        keys = client_keys(jax.random.fold_in(rkey, CLIENT_TAG), ids)
+        keys = client_keys(jax.random.fold_in(rkey, CLIENT_TAG), data.key_ids[ids])
         cohort_states = tree_gather(state.clients, ids)
         cohort_states, ids_s, keys_s = engine.shard_cohort((cohort_states, ids, keys))
 

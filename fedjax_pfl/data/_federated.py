@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import zlib
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -73,7 +74,7 @@ class Split:
 
 @functools.partial(
     jax.tree_util.register_dataclass,
-    data_fields=["train", "val", "test"],
+    data_fields=["train", "val", "test", "key_ids"],
     meta_fields=["client_ids"],
 )
 @dataclasses.dataclass(frozen=True)
@@ -81,11 +82,19 @@ class FederatedData:
     """Per-client train/val/test splits; val and test may be ``None``.
 
     Build it with :func:`from_client_arrays` (validates shapes, dtypes and values).
+
+    Attributes:
+      train, val, test: :class:`Split` s (val/test optional).
+      key_ids: ``[num_clients]`` int32 derived from each client's name; per-client
+        random keys are ``fold_in(round_key, key_ids[c])``, so a client's randomness
+        follows the client, not its position (permuting clients permutes results).
+      client_ids: static tuple of client names.
     """
 
     train: Split
     val: Split | None
     test: Split | None
+    key_ids: Any
     client_ids: tuple[str, ...]
 
     @property
@@ -217,7 +226,10 @@ def from_client_arrays(
                 f"{tr.x.shape[1:]}"
             )
         splits[name] = s
-    return FederatedData(tr, splits["val"], splits["test"], ids)
+    if len(set(ids)) != len(ids):
+        raise ValueError("client_ids: names must be unique")
+    key_ids = np.asarray([zlib.crc32(i.encode()) & 0x7FFFFFFF for i in ids], np.int32)
+    return FederatedData(tr, splits["val"], splits["test"], jnp.asarray(key_ids), ids)
 
 
 def split_clients(

@@ -1,0 +1,103 @@
+"""simulate/sweep drivers and input validation."""
+
+import json
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fedjax_pfl as fp
+from fedjax_pfl import algorithms, data as fdata, models
+
+MODEL = models.logistic_regression((10,), 3)
+
+
+@pytest.fixture(scope="module")
+def data():
+    return fdata.fedprox_synthetic(0.5, 0.5, num_clients=6, dim=10, num_classes=3,
+                                   max_size=30, min_size=8, seed=1)
+
+
+def make(lr, **kw):
+    base = dict(client_lr=lr, num_local_steps=2, batch_size=4, cohort_size=3)
+    base.update(kw)
+    return algorithms.fedavg(MODEL, **base)
+
+
+def test_sweep_equals_separate_runs(data):
+    lrs = [0.01, 0.3, 1.0]
+    states, hist = fp.sweep(lambda lr: make(lr), {"lr": lrs}, data, num_rounds=5,
+                            eval_every=2, key=jax.random.key(4))
+    assert hist["round"].tolist() == [0, 2, 4, 5]
+    for i, lr in enumerate(lrs):
+        res = fp.simulate(make(lr), data, num_rounds=5, eval_every=2,
+                          key=jax.random.key(4), progress=False)
+        chex.assert_trees_all_close(
+            jax.tree.map(lambda a: a[i], states.server.params),
+            res.state.server.params, atol=1e-5)
+        got = hist["global/test/accuracy/mean"][i]
+        want = [r["global/test/accuracy/mean"] for r in res.history]
+        np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_sweep_rejects_ragged_hparams(data):
+    with pytest.raises(ValueError, match="hparams"):
+        fp.sweep(lambda lr, b: make(lr), {"lr": [0.1, 0.2], "b": [1.0]}, data,
+                 num_rounds=1, key=jax.random.key(0))
+
+
+def test_simulate_writes_jsonl_and_resumes(tmp_path, data):
+    path = tmp_path / "h.jsonl"
+    full = fp.simulate(make(0.1), data, num_rounds=4, eval_every=2,
+                       key=jax.random.key(0), progress=False, jsonl_path=str(path))
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["round"] for r in rows] == [0, 2, 4]
+    half = fp.simulate(make(0.1), data, num_rounds=2, key=jax.random.key(0),
+                       progress=False)
+    rest = fp.simulate(make(0.1), data, num_rounds=2, key=jax.random.key(0),
+                       progress=False, state=half.state)
+    np.testing.assert_array_equal(
+        jax.tree.leaves(rest.state.server.params)[0],
+        jax.tree.leaves(full.state.server.params)[0])
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(client_lr=0.0), "client_lr"),
+    (dict(client_lr=-1.0), "client_lr"),
+    (dict(client_lr=float("nan")), "client_lr"),
+    (dict(num_local_steps=0), "num_local_steps"),
+    (dict(batch_size=0), "batch_size"),
+    (dict(cohort_size=0), "cohort_size"),
+    (dict(sampling="sometimes"), "sampling"),
+    (dict(cohort="random"), "cohort"),
+])
+def test_invalid_algorithm_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        make(kwargs.pop("client_lr", 0.1), **kwargs)
+
+
+def test_cohort_larger_than_clients_rejected_before_work(data):
+    alg = make(0.1, cohort_size=50)
+    with pytest.raises(ValueError, match="cohort_size"):
+        fp.simulate(alg, data, num_rounds=1, key=jax.random.key(0), progress=False)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(num_rounds=0), "num_rounds"),
+    (dict(num_rounds=2, eval_every=0), "eval_every"),
+    (dict(num_rounds=2, key=0), "key"),
+])
+def test_invalid_run_arguments(data, kwargs, match):
+    kw = dict(key=jax.random.key(0), progress=False)
+    kw.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        fp.simulate(make(0.1), data, **kw)
+
+
+def test_invalid_engine_arguments():
+    with pytest.raises(ValueError, match="strategy"):
+        fp.EngineConfig("pmap")
+    with pytest.raises(ValueError, match="map_batch_size"):
+        fp.EngineConfig("map", 0)

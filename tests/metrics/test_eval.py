@@ -1,0 +1,57 @@
+"""Per-client evaluation and fairness summaries on hand values."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_pfl import data as fdata, models
+from fedjax_pfl.core import ModelView
+from fedjax_pfl.metrics import evaluate, evaluate_split, summarize
+
+
+def test_summaries_on_hand_values():
+    v = jnp.array([0.1, 0.5, 0.9, 0.3, jnp.nan] + [0.7] * 15)
+    w = jnp.array([10, 30, 10, 50, 5] + [1] * 15)
+    s = summarize(v, w)
+    valid = np.array([0.1, 0.5, 0.9, 0.3] + [0.7] * 15)
+    wv = np.array([10, 30, 10, 50] + [1] * 15)
+    np.testing.assert_allclose(s["mean"], (valid * wv).sum() / wv.sum(), rtol=1e-6)
+    np.testing.assert_allclose(s["mean_unweighted"], valid.mean(), rtol=1e-6)
+    np.testing.assert_allclose(s["var"], valid.var(), rtol=1e-5)
+    np.testing.assert_allclose(s["std"], valid.std(), rtol=1e-5)
+    np.testing.assert_allclose(s["worst10"], 0.1, rtol=1e-6)  # floor(0.1*19)=1
+    np.testing.assert_allclose(s["best10"], 0.9, rtol=1e-6)
+    masked = summarize(v, w, mask=jnp.array([1, 1, 0, 0, 0] + [0] * 15))
+    np.testing.assert_allclose(masked["mean_unweighted"], 0.3, rtol=1e-6)
+    np.testing.assert_allclose(masked["mean"], 0.4, rtol=1e-6)
+    empty = summarize(v, w, mask=jnp.zeros(20))
+    assert np.isnan(empty["mean"])
+
+
+def test_worst_and_best_tail_use_ten_percent():
+    v = jnp.arange(100, dtype=jnp.float32)
+    s = summarize(v, jnp.ones(100))
+    np.testing.assert_allclose(s["worst10"], np.arange(10).mean())
+    np.testing.assert_allclose(s["best10"], np.arange(90, 100).mean())
+
+
+def test_shared_and_personal_eval_agree_and_match_manual():
+    rng = np.random.default_rng(0)
+    clients = [(rng.normal(size=(n, 4)).astype(np.float32), rng.integers(0, 3, n))
+               for n in (5, 17, 2)]
+    d = fdata.from_client_arrays(clients)
+    model = models.logistic_regression((4,), 3)
+    p = model.init(jax.random.key(0))
+    shared = evaluate_split(ModelView(model, p, False), d.train, chunk_size=8)
+    stacked = jax.tree.map(lambda a: jnp.stack([a] * 3), p)
+    personal = evaluate_split(ModelView(model, stacked, True), d.train)
+    for c, (x, y) in enumerate(clients):
+        out = model.apply(p, x)
+        np.testing.assert_allclose(shared["accuracy"][c],
+                                   np.mean(np.argmax(out, -1) == y), atol=1e-6)
+        np.testing.assert_allclose(shared["loss"][c],
+                                   np.mean(models.cross_entropy(out, y)), rtol=1e-5)
+    np.testing.assert_allclose(shared["loss"], personal["loss"], rtol=1e-5)
+    out = evaluate({"g": ModelView(model, p, False)}, d, splits=("train",),
+                   per_client=True)
+    assert out["g/train/accuracy/per_client"].shape == (3,)
