@@ -33,8 +33,9 @@ for _i, _c in enumerate(LEAF_SHAKESPEARE_VOCAB):
 
 
 def _read_json(root: Path, rel: str, verify: bool, registry) -> dict[str, Any]:
-    data = read_verified(root, rel, decompress=rel.endswith(".gz"), verify=verify,
-                         registry=registry)
+    data = read_verified(
+        root, rel, decompress=rel.endswith(".gz"), verify=verify, registry=registry
+    )
     try:
         obj = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -56,11 +57,14 @@ def _user(obj: dict, user: str, path: str) -> tuple[list, list]:
 # ----------------------------------------------------------------------------- FEMNIST
 
 
-def _femnist_pairs(root: Path, subdir: str, verify, registry) -> list[tuple[str, str, str]]:
+def _femnist_pairs(
+    root: Path, subdir: str, verify, registry
+) -> list[tuple[str, str, str]]:
     """(writer, train file, test file) in manifest (or file) order."""
     if (root / subdir / "writers.tsv").is_file():
-        text = read_verified(root, f"{subdir}/writers.tsv", verify=verify,
-                             registry=registry).decode()
+        text = read_verified(
+            root, f"{subdir}/writers.tsv", verify=verify, registry=registry
+        ).decode()
         out = []
         for row in csv.DictReader(io.StringIO(text), delimiter="\t"):
             if row.get("status") != "primary":
@@ -169,7 +173,9 @@ def load_vehicle(
     """
     if labels not in ("pm1", "01"):
         raise ValueError(f"labels: must be 'pm1' or '01', got {labels!r}")
-    if not (0 <= test_fraction and 0 <= val_fraction and test_fraction + val_fraction < 1):
+    if not (
+        0 <= test_fraction and 0 <= val_fraction and test_fraction + val_fraction < 1
+    ):
         raise ValueError(
             "test_fraction, val_fraction: need non-negative fractions summing to < 1, "
             f"got {test_fraction}, {val_fraction}"
@@ -183,8 +189,12 @@ def load_vehicle(
         x, y = _user(obj, u, str(root / rel))
         y = np.asarray(y, np.int32).reshape(-1)
         if not np.all(np.isin(y, (-1, 1))):
-            raise DatasetError(f"{root / rel}: user {u!r} has labels outside {{-1, +1}}")
-        clients.append((np.asarray(x, np.float32), (y + 1) // 2 if labels == "01" else y))
+            raise DatasetError(
+                f"{root / rel}: user {u!r} has labels outside {{-1, +1}}"
+            )
+        clients.append(
+            (np.asarray(x, np.float32), (y + 1) // 2 if labels == "01" else y)
+        )
     fr = (1.0 - test_fraction - val_fraction, val_fraction, test_fraction)
     return split_clients(clients, fr, seed=seed, client_ids=users)
 
@@ -194,13 +204,18 @@ def load_vehicle(
 
 def _celeba_partition(root: Path, verify, registry):
     d = "celeba_leaf_ditto"
-    tr = _read_json(root, f"{d}/train/all_data_niid_1_keep_25_train_8.json.gz", verify,
-                    registry)
-    te = _read_json(root, f"{d}/test/all_data_niid_1_keep_25_test_8.json.gz", verify,
-                    registry)
+    tr = _read_json(
+        root, f"{d}/train/all_data_niid_1_keep_25_train_8.json.gz", verify, registry
+    )
+    te = _read_json(
+        root, f"{d}/test/all_data_niid_1_keep_25_test_8.json.gz", verify, registry
+    )
     users = list(tr["users"])
-    return users, {u: _user(tr, u, "train") for u in users}, {
-        u: _user(te, u, "test") for u in users}
+    return (
+        users,
+        {u: _user(tr, u, "train") for u in users},
+        {u: _user(te, u, "test") for u in users},
+    )
 
 
 def _resize(img, size: int) -> np.ndarray:
@@ -247,7 +262,11 @@ def load_celeba(
     users, train, test = _celeba_partition(root, verify, registry)
     if max_clients is not None:
         users = users[:max_clients]
-    img_dir = Path(images_dir) if images_dir else root / "celeba_leaf_ditto" / "img_align_celeba"
+    img_dir = (
+        Path(images_dir)
+        if images_dir
+        else root / "celeba_leaf_ditto" / "img_align_celeba"
+    )
     if source == "auto":
         source = "images" if img_dir.is_dir() else "tfds"
         if source == "tfds":
@@ -285,7 +304,9 @@ def load_celeba(
     return from_client_arrays(load(train), None, load(test), users)
 
 
-def _celeba_tfds(users, train, test, image_size, dtype, data_dir, seed) -> FederatedData:
+def _celeba_tfds(
+    users, train, test, image_size, dtype, data_dir, seed
+) -> FederatedData:
     from PIL import Image
 
     from ._loaders import tfds_source
@@ -297,7 +318,9 @@ def _celeba_tfds(users, train, test, image_size, dtype, data_dir, seed) -> Feder
         for i in range(len(src)):
             ex = src[i]
             if "identity" not in ex:
-                raise DatasetError("TFDS celeb_a has no 'identity' feature (need >= 2.0.1)")
+                raise DatasetError(
+                    "TFDS celeb_a has no 'identity' feature (need >= 2.0.1)"
+                )
             u = wanted.get(int(np.asarray(ex["identity"]["Identity_No"])))
             if u is not None:
                 img = _resize(Image.fromarray(np.asarray(ex["image"])), image_size)
@@ -310,7 +333,9 @@ def _celeba_tfds(users, train, test, image_size, dtype, data_dir, seed) -> Feder
         if n_tr == 0:
             raise DatasetError(f"TFDS celeb_a: no images of celebrity {u}")
         for part, out in ((ex[:n_tr], tr), (ex[n_tr:], te)):
-            x = np.asarray([e[0] for e in part], dtype).reshape(-1, image_size, image_size, 3)
+            x = np.asarray([e[0] for e in part], dtype).reshape(
+                -1, image_size, image_size, 3
+            )
             out.append((x, np.asarray([e[1] for e in part], np.int32)))
     return from_client_arrays(tr, None, te, users)
 
@@ -320,8 +345,10 @@ def _celeba_tfds(users, train, test, image_size, dtype, data_dir, seed) -> Feder
 
 def encode_chars(text: str) -> np.ndarray:
     """Ids in :data:`LEAF_SHAKESPEARE_VOCAB` (uint8); other characters map to ' '."""
-    b = np.frombuffer(text.encode("latin-1", "replace"), np.uint8)
-    return _CHAR_TABLE[b]
+    codes = np.frombuffer(text.encode("utf-32-le"), "<u4")
+    return np.where(codes < 256, _CHAR_TABLE[np.minimum(codes, 255)], _SPACE_ID).astype(
+        np.uint8
+    )
 
 
 def shakespeare_roles(text: str) -> dict[str, str]:
@@ -350,8 +377,10 @@ def _windows(ids: np.ndarray, seq_len: int, frac: float, x_dtype):
     te = slice(n_tr + seq_len - 1, n)
     if te.start >= n:
         return None  # LEAF keeps a user only with >= 1 train and >= 1 test sample
-    return ((win[:n_tr].astype(x_dtype), y[:n_tr].astype(np.int32)),
-            (win[te].astype(x_dtype), y[te].astype(np.int32)))
+    return (
+        (win[:n_tr].astype(x_dtype), y[:n_tr].astype(np.int32)),
+        (win[te].astype(x_dtype), y[te].astype(np.int32)),
+    )
 
 
 def load_shakespeare(
@@ -395,8 +424,9 @@ def load_shakespeare(
     leaf = root / "shakespeare_leaf"
     if source == "leaf" or (source == "auto" and (leaf / "train").is_dir()):
         return _shakespeare_leaf(root, max_clients, x_dtype, verify, registry)
-    text = read_verified(root, "tinyshakespeare/input.txt", verify=verify,
-                         registry=registry).decode("utf-8", "replace")
+    text = read_verified(
+        root, "tinyshakespeare/input.txt", verify=verify, registry=registry
+    ).decode("utf-8", "replace")
     ids, tr, te = [], [], []
     for role, role_text in shakespeare_roles(text).items():
         w = _windows(encode_chars(role_text), seq_len, train_fraction, x_dtype)
@@ -422,7 +452,10 @@ def _shakespeare_leaf(root: Path, max_clients, x_dtype, verify, registry):
             for u in obj.get("users") or obj["user_data"]:
                 x, y = _user(obj, u, str(f))
                 xs = np.stack([encode_chars(s) for s in x]) if x else np.zeros((0, 80))
-                splits[split][u] = (xs.astype(x_dtype), encode_chars("".join(y)).astype(np.int32))
+                splits[split][u] = (
+                    xs.astype(x_dtype),
+                    encode_chars("".join(y)).astype(np.int32),
+                )
                 if split == "train" and u not in users:
                     users.append(u)
     if not users:
@@ -430,5 +463,8 @@ def _shakespeare_leaf(root: Path, max_clients, x_dtype, verify, registry):
     users = users[:max_clients] if max_clients else users
     empty = (np.zeros((0, 80), x_dtype), np.zeros((0,), np.int32))
     return from_client_arrays(
-        [splits["train"][u] for u in users], None,
-        [splits["test"].get(u, empty) for u in users], users)
+        [splits["train"][u] for u in users],
+        None,
+        [splits["test"].get(u, empty) for u in users],
+        users,
+    )

@@ -29,7 +29,6 @@ from ._registry import (
     DatasetError,
     FileSpec,
     default_cache_dir,
-    download_file,
     locate,
     read_verified,
 )
@@ -52,29 +51,40 @@ def parse_idx(content: bytes, name: str = "<idx>") -> np.ndarray:
     header = 4 + 4 * ndim
     if len(content) < header:
         raise DatasetError(f"{name}: truncated IDX header")
-    shape = tuple(int.from_bytes(content[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
+    shape = tuple(
+        int.from_bytes(content[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)
+    )
     dtype = np.dtype(_IDX_DTYPES[code])
     expected = header + int(np.prod(shape)) * dtype.itemsize
     if len(content) != expected:
         raise DatasetError(
             f"{name}: IDX payload has {len(content)} bytes, header says {expected}"
         )
-    return np.frombuffer(content, dtype, offset=header).reshape(shape).astype(
-        dtype.newbyteorder("=")
+    return (
+        np.frombuffer(content, dtype, offset=header)
+        .reshape(shape)
+        .astype(dtype.newbyteorder("="))
     )
 
 
 def _load_idx_dataset(
     subdir: str, data_dir, download, cache_dir, verify, registry, as_float
 ) -> Arrays:
-    names = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
-             "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
+    names = (
+        "train-images-idx3-ubyte.gz",
+        "train-labels-idx1-ubyte.gz",
+        "t10k-images-idx3-ubyte.gz",
+        "t10k-labels-idx1-ubyte.gz",
+    )
     files = [f"{subdir}/{n}" for n in names]
-    root = locate(files, data_dir, download=download, cache_dir=cache_dir,
-                  registry=registry)
+    root = locate(
+        files, data_dir, download=download, cache_dir=cache_dir, registry=registry
+    )
     arrays = [
-        parse_idx(read_verified(root, f, decompress=True, verify=verify,
-                                registry=registry), str(root / f))
+        parse_idx(
+            read_verified(root, f, decompress=True, verify=verify, registry=registry),
+            str(root / f),
+        )
         for f in files
     ]
     x_tr, y_tr, x_te, y_te = arrays
@@ -114,8 +124,9 @@ def load_mnist(
       DatasetError: a file is missing (and ``download=False``), corrupt or fails
         its hash check; nothing is returned.
     """
-    return _load_idx_dataset("mnist", data_dir, download, cache_dir, verify,
-                             registry, as_float)
+    return _load_idx_dataset(
+        "mnist", data_dir, download, cache_dir, verify, registry, as_float
+    )
 
 
 def load_fashion_mnist(
@@ -128,8 +139,9 @@ def load_fashion_mnist(
     registry: Mapping[str, FileSpec] | None = None,
 ) -> Arrays:
     """Fashion-MNIST from ``<data_dir>/fashion_mnist/``; see :func:`load_mnist`."""
-    return _load_idx_dataset("fashion_mnist", data_dir, download, cache_dir, verify,
-                             registry, as_float)
+    return _load_idx_dataset(
+        "fashion_mnist", data_dir, download, cache_dir, verify, registry, as_float
+    )
 
 
 # ----------------------------------------------------------------------------- pickle
@@ -237,17 +249,27 @@ def safe_unpickle(data: bytes, name: str = "<pickle>") -> Any:
     try:
         obj = RestrictedUnpickler(io.BytesIO(data), encoding="bytes").load()
         return _unstub(obj)
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError,
-            AttributeError, IndexError, KeyError) as e:
+    except (
+        pickle.UnpicklingError,
+        EOFError,
+        ValueError,
+        TypeError,
+        AttributeError,
+        IndexError,
+        KeyError,
+    ) as e:
         raise DatasetError(f"{name}: refused or corrupt pickle ({e})") from e
 
 
 # ----------------------------------------------------------------------------- CIFAR
 
 
-def _cifar_batch(root: Path, rel: str, verify, registry) -> tuple[np.ndarray, np.ndarray]:
-    d = safe_unpickle(read_verified(root, rel, verify=verify, registry=registry),
-                      str(root / rel))
+def _cifar_batch(
+    root: Path, rel: str, verify, registry
+) -> tuple[np.ndarray, np.ndarray]:
+    d = safe_unpickle(
+        read_verified(root, rel, verify=verify, registry=registry), str(root / rel)
+    )
     try:
         x = np.asarray(d[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
         y = np.asarray(d[b"labels"], dtype=np.int32)
@@ -269,8 +291,11 @@ def _load_npy(root: Path, rel: str, verify, registry) -> np.ndarray:
 
 
 def _extract_cifar_archive(archive: Path, dest: Path) -> None:
-    wanted = {f"cifar-10-batches-py/{Path(f).name}" for f in REGISTRY
-              if f.startswith(CIFAR_BATCH_DIR + "/")}
+    wanted = {
+        f"cifar-10-batches-py/{Path(f).name}"
+        for f in REGISTRY
+        if f.startswith(CIFAR_BATCH_DIR + "/")
+    }
     try:
         with tarfile.open(archive, "r:gz") as tar:
             for m in tar.getmembers():
@@ -307,7 +332,9 @@ def load_cifar10(
         raise ValueError(f"layout: must be 'auto', 'pickle' or 'npy', got {layout!r}")
     batches = [f"{CIFAR_BATCH_DIR}/data_batch_{i}" for i in range(1, 6)]
     batches.append(f"{CIFAR_BATCH_DIR}/test_batch")
-    npys = [f"cifar10/{s}_{a}" for s in ("train", "test") for a in ("x.npy.xz", "y.npy")]
+    npys = [
+        f"cifar10/{s}_{a}" for s in ("train", "test") for a in ("x.npy.xz", "y.npy")
+    ]
     if layout == "auto":
         try:
             locate(batches, data_dir, cache_dir=cache_dir)
@@ -332,8 +359,9 @@ def load_cifar10(
             if not download:
                 raise
             root = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
-            locate([CIFAR_ARCHIVE], None, download=True, cache_dir=root,
-                   registry=registry)
+            locate(
+                [CIFAR_ARCHIVE], None, download=True, cache_dir=root, registry=registry
+            )
             (root / CIFAR_BATCH_DIR).mkdir(parents=True, exist_ok=True)
             _extract_cifar_archive(root / CIFAR_ARCHIVE, root / CIFAR_BATCH_DIR)
         parts = [_cifar_batch(root, f, verify, registry) for f in batches]
@@ -345,8 +373,12 @@ def load_cifar10(
             raise DatasetError(f"CIFAR-10: unexpected shapes {x.shape} / {y.shape}")
     if channels_last:
         x_tr, x_te = x_tr.transpose(0, 2, 3, 1), x_te.transpose(0, 2, 3, 1)
-    return (np.ascontiguousarray(x_tr), y_tr.astype(np.int32),
-            np.ascontiguousarray(x_te), y_te.astype(np.int32))
+    return (
+        np.ascontiguousarray(x_tr),
+        y_tr.astype(np.int32),
+        np.ascontiguousarray(x_te),
+        y_te.astype(np.int32),
+    )
 
 
 # ----------------------------------------------------------------------------- TFDS
@@ -396,7 +428,9 @@ def load_tfds_arrays(
         src = tfds_source(name, split, data_dir)
         n = len(src)
         first = src[0]
-        x = np.empty((n, *np.shape(first[image_key])), np.asarray(first[image_key]).dtype)
+        x = np.empty(
+            (n, *np.shape(first[image_key])), np.asarray(first[image_key]).dtype
+        )
         y = np.empty((n,), np.int32)
         for i in range(n):
             ex = first if i == 0 else src[i]
@@ -412,4 +446,3 @@ def sha256_file(path: str | os.PathLike) -> str:
         while chunk := f.read(1 << 20):
             h.update(chunk)
     return h.hexdigest()
-

@@ -146,8 +146,8 @@ def k_classes_indices(
     need classes share that class's rows (in dataset order): equally with
     ``balance=True``; otherwise ``N_sel - 1`` clients draw
     ``randint(max(n_per / 10, least_samples / C), n_per)`` rows and the last takes
-    the rest. With ``N = C`` and ``k = 2`` client ``i`` gets classes ``2i, 2i+1``
-    (mod C) - McMahan's shards.
+    the rest. With ``N = C = 10`` and ``k = 2``, clients ``2m`` and ``2m + 1`` both
+    hold classes ``2m`` and ``2m + 1``.
 
     Args:
       least_samples: FedFDP's ``batch_size / (1 - train_size) = 40`` (PFLlib HEAD
@@ -316,11 +316,13 @@ def class_subset_lognormal_indices(
     Client ``i`` holds ``k_i = classes_per_client[i]`` consecutive classes
     ``(s_i + j) mod C``, with starts ``s_i = perm(N)_i mod C`` (so every class is
     held about equally often), and a target size ``t_i ~ LogNormal(0, sigma)``
-    spread evenly over its classes. Each class's rows (shuffled) are then shared
-    among its holders in proportion to ``t_i / k_i`` (every holder gets >= 1 row,
-    largest-remainder rounding), so all rows are used exactly once. The test split
-    is shared with the same weights, so each client's train and test label
-    distributions match (LINDT, specs/lindt.md §4.2).
+    spread evenly over its classes. Each class's train rows (shuffled) are then
+    shared among its holders in proportion to ``t_i / k_i`` (largest-remainder
+    rounding; a holder rounded to 0 takes one row from the largest, so client
+    ``i`` holds exactly ``k_i`` classes), so all rows are used exactly once. The test rows are shared with
+    the same weights (no one-row minimum: a small client may miss a class, or have
+    no test rows), so each client's train and test label distributions match
+    (LINDT, specs/lindt.md §4.2).
 
     Returns:
       ``(train_indices, test_indices)``: per-client index arrays into each split.
@@ -347,29 +349,32 @@ def class_subset_lognormal_indices(
         holds[i, (starts[i] + np.arange(ks[i])) % num_classes] = True
     weight = np.where(holds, (target / ks)[:, None], 0.0)
 
-    def share(labels):
+    def share(labels, at_least_one):
         parts: list[list[np.ndarray]] = [[] for _ in range(n_clients)]
         for c in range(num_classes):
             rows = rng.permutation(np.where(labels == c)[0])
             holders = np.where(holds[:, c])[0]
             if len(holders) == 0 or len(rows) == 0:
                 continue
-            counts = _apportion(len(rows), weight[holders, c])
+            counts = _apportion(len(rows), weight[holders, c], at_least_one)
             for h, piece in zip(holders, np.split(rows, np.cumsum(counts)[:-1])):
                 parts[h].append(piece)
         return [np.concatenate(p) if p else np.zeros(0, np.int64) for p in parts]
 
-    return share(y_train), share(y_test)
+    return share(y_train, True), share(y_test, False)
 
 
-def _apportion(total: int, weights: np.ndarray) -> np.ndarray:
-    """Integer counts summing to ``total``, >= 1 each when possible, ~ weights."""
-    m = len(weights)
-    base = np.ones(m, np.int64) if total >= m else np.zeros(m, np.int64)
-    rest = total - int(base.sum())
-    quota = weights / weights.sum() * rest
+def _apportion(total: int, weights: np.ndarray, at_least_one: bool) -> np.ndarray:
+    """Integer counts summing to ``total`` in proportion to ``weights`` (largest
+    remainder); with ``at_least_one`` (and ``total >= len(weights)``) each zero
+    count takes one row from the currently largest count."""
+    quota = weights / weights.sum() * total
     counts = np.floor(quota).astype(np.int64)
-    short = rest - int(counts.sum())
+    short = total - int(counts.sum())
     if short:
         counts[np.argsort(-(quota - counts), kind="stable")[:short]] += 1
-    return base + counts
+    if at_least_one and total >= len(weights):
+        for j in np.where(counts == 0)[0]:
+            counts[np.argmax(counts)] -= 1
+            counts[j] = 1
+    return counts

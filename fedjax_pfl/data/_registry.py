@@ -227,7 +227,10 @@ def _parse_table(text: str, kind: str) -> dict[str, FileSpec]:
 REGISTRY: dict[str, FileSpec] = {
     **_parse_table(_SHA256_TABLE, "sha256"),
     **_parse_table(_IDX_TABLE, "gunzip-sha256"),
-    **{f"{CIFAR_BATCH_DIR}/{k}": FileSpec(v, None, "md5") for k, v in _CIFAR_MD5.items()},
+    **{
+        f"{CIFAR_BATCH_DIR}/{k}": FileSpec(v, None, "md5")
+        for k, v in _CIFAR_MD5.items()
+    },
     CIFAR_ARCHIVE: FileSpec("c58f30108f718f92721af3b95e74349a", None, "md5"),
 }
 """Expected content of every known file, keyed by path relative to the data dir."""
@@ -239,11 +242,14 @@ _IDX_NAMES = (
     "t10k-labels-idx1-ubyte.gz",
 )
 DOWNLOAD_URLS: dict[str, str] = {
-    **{f"mnist/{n}": f"https://storage.googleapis.com/cvdf-datasets/mnist/{n}"
-       for n in _IDX_NAMES},
-    **{f"fashion_mnist/{n}":
-       f"http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/{n}"
-       for n in _IDX_NAMES},
+    **{
+        f"mnist/{n}": f"https://storage.googleapis.com/cvdf-datasets/mnist/{n}"
+        for n in _IDX_NAMES
+    },
+    **{
+        f"fashion_mnist/{n}": f"http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/{n}"
+        for n in _IDX_NAMES
+    },
     CIFAR_ARCHIVE: CIFAR_ARCHIVE_URL,
 }
 """Public URLs for ``download=True`` (path relative to the cache dir -> URL)."""
@@ -257,24 +263,29 @@ DATASETS: dict[str, DatasetInfo] = {
     d.name: d
     for d in (
         DatasetInfo(
-            "mnist", "mnist", {"idx": tuple(f"mnist/{n}" for n in _IDX_NAMES)},
+            "mnist",
+            "mnist",
+            {"idx": tuple(f"mnist/{n}" for n in _IDX_NAMES)},
             "60,000 train / 10,000 test, 28x28 uint8, 10 classes",
             "load_mnist(download=True), TFDS 'mnist', or the four IDX .gz files "
             "from storage.googleapis.com/cvdf-datasets/mnist/",
         ),
         DatasetInfo(
-            "fashion_mnist", "fashion_mnist",
+            "fashion_mnist",
+            "fashion_mnist",
             {"idx": tuple(f"fashion_mnist/{n}" for n in _IDX_NAMES)},
             "60,000 train / 10,000 test, 28x28 uint8, 10 classes",
             "load_fashion_mnist(download=True), TFDS 'fashion_mnist', or "
             "github.com/zalandoresearch/fashion-mnist (data/fashion/)",
         ),
         DatasetInfo(
-            "cifar10", "cifar10",
+            "cifar10",
+            "cifar10",
             {
                 "pickle": tuple(f"{CIFAR_BATCH_DIR}/{k}" for k in _CIFAR_MD5),
                 "npy": tuple(
-                    f"cifar10/{s}_{a}" for s in ("train", "test")
+                    f"cifar10/{s}_{a}"
+                    for s in ("train", "test")
                     for a in ("x.npy.xz", "y.npy")
                 ),
             },
@@ -284,31 +295,39 @@ DATASETS: dict[str, DatasetInfo] = {
             "from www.cs.toronto.edu/~kriz/cifar.html extracted into cifar10/",
         ),
         DatasetInfo(
-            "femnist", "femnist_leaf", {"leaf": _femnist_files()},
+            "femnist",
+            "femnist_leaf",
+            {"leaf": _femnist_files()},
             "300 writers, 41,202 train / 4,730 test, 28x28 float, 62 classes",
             "LEAF (github.com/TalwalkarLab/leaf) data/femnist: ./preprocess.sh -s niid "
             "--sf 0.05 -k 0 -t sample; this subset's provenance: the data README",
         ),
         DatasetInfo(
-            "vehicle", "vehicle_ditto",
+            "vehicle",
+            "vehicle_ditto",
             {"ditto": ("vehicle_ditto/train/mytrain.json.gz",)},
             "23 clients, 1,860 rows, 100 features, y in {-1,+1} (train only)",
             "Ditto (github.com/litian96/ditto) data/vehicle; raw vehicle.mat from "
             "MOCHA (github.com/gingsmith/fmtl)",
         ),
         DatasetInfo(
-            "celeba", "celeba_leaf_ditto",
-            {"leaf": tuple(
-                p for p in REGISTRY
-                if p.startswith("celeba_leaf_ditto/t") and p.endswith(".json.gz")
-            )},
+            "celeba",
+            "celeba_leaf_ditto",
+            {
+                "leaf": tuple(
+                    p
+                    for p in REGISTRY
+                    if p.startswith("celeba_leaf_ditto/t") and p.endswith(".json.gz")
+                )
+            },
             "515 celebrities, 9,060 train / 2,399 test, smiling label; needs images",
             "partition: LEAF data/celeba (Ditto's split); images: img_align_celeba.zip "
             "from mmlab.ie.cuhk.edu.hk/projects/CelebA.html unzipped into "
             "celeba_leaf_ditto/img_align_celeba/, or TFDS 'celeb_a'",
         ),
         DatasetInfo(
-            "shakespeare", "tinyshakespeare",
+            "shakespeare",
+            "tinyshakespeare",
             {"tiny": ("tinyshakespeare/input.txt",)},
             "one client per speaking role, next-char prediction (LEAF vocab, len 80)",
             "github.com/karpathy/char-rnn data/tinyshakespeare/input.txt, or LEAF "
@@ -367,6 +386,13 @@ def _check(data: bytes, content: bytes | None, spec: FileSpec) -> str | None:
     return None
 
 
+def _raise_if_bad(path: Path, problem: str | None, hint: str) -> None:
+    if problem:
+        raise DatasetError(
+            f"{path}: {problem}; the file is corrupt or not the expected version. {hint}"
+        )
+
+
 def read_verified(
     root: str | os.PathLike,
     relpath: str,
@@ -402,15 +428,18 @@ def read_verified(
         data = path.read_bytes()
     except OSError as e:
         raise DatasetError(f"{path}: cannot read ({e})") from e
-    content = _gunzip(data, path) if decompress or (
-        verify and spec.kind == "gunzip-sha256") else None
-    if verify:
-        problem = _check(data, content, spec)
-        if problem:
-            raise DatasetError(
-                f"{path}: {problem}; the file is corrupt or not the expected "
-                f"version. {_obtain_hint(relpath)}"
-            )
+    hint = _obtain_hint(relpath)
+    gz_spec = verify and spec.kind == "gunzip-sha256"
+    if verify and not gz_spec:  # hash the file before parsing any of it
+        _raise_if_bad(path, _check(data, None, spec), hint)
+    content = None
+    if decompress or gz_spec:
+        try:
+            content = _gunzip(data, path)
+        except DatasetError as e:
+            raise DatasetError(f"{e}. {hint}") from e
+    if gz_spec:
+        _raise_if_bad(path, _check(data, content, spec), hint)
     return content if decompress else data
 
 
@@ -422,7 +451,9 @@ def download_file(url: str, dest: str | os.PathLike, spec: FileSpec | None) -> P
     """
     dest = Path(dest)
     if spec is None:
-        raise DatasetError(f"{dest.name}: refusing to download a file with no known hash")
+        raise DatasetError(
+            f"{dest.name}: refusing to download a file with no known hash"
+        )
     if not url.startswith(("https://", "http://", "file://")):
         raise DatasetError(f"{url}: unsupported URL scheme")
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -507,13 +538,14 @@ def dataset_status(
         for layout, files in d.layouts.items():
             row = _layout_status(root, d, layout, files, verify, registry)
             if best is None or (row["verified"], row["found"]) > (
-                best["verified"], best["found"]
+                best["verified"],
+                best["found"],
             ):
                 best = row
-        if d.name == "celeba" and best["status"] == "ok":
-            if not (root / d.subdir / "img_align_celeba").is_dir():
-                best["status"] = "partial"
-                best["problems"].append("images: img_align_celeba/ not found")
+        images = root / d.subdir / "img_align_celeba"
+        if d.name == "celeba" and best["status"] == "ok" and not images.is_dir():
+            best["status"] = "partial"
+            best["problems"].append("images: img_align_celeba/ not found")
         rows.append(best)
     return rows
 
@@ -531,8 +563,10 @@ def _layout_status(root, d, layout, files, verify, registry) -> dict[str, Any]:
         try:
             if verify:
                 read_verified(root, f, registry=registry)
-            elif spec is not None and spec.kind != "gunzip-sha256" and (
-                spec.size is not None and path.stat().st_size != spec.size
+            elif (
+                spec is not None
+                and spec.kind != "gunzip-sha256"
+                and (spec.size is not None and path.stat().st_size != spec.size)
             ):
                 raise DatasetError(f"{path}: size differs from the registry")
             verified += 1
@@ -549,19 +583,33 @@ def _layout_status(root, d, layout, files, verify, registry) -> dict[str, Any]:
         status = "ok"
     if found < n:
         problems.append(f"{n - found} of {n} files missing")
-    return dict(
-        name=d.name, dir=str(root / d.subdir), layout=layout, status=status,
-        found=found, verified=verified, expected=n, bytes=nbytes,
-        summary=d.summary, problems=problems, obtain=d.obtain,
-    )
+    return {
+        "name": d.name,
+        "dir": str(root / d.subdir),
+        "layout": layout,
+        "status": status,
+        "found": found,
+        "verified": verified,
+        "expected": n,
+        "bytes": nbytes,
+        "summary": d.summary,
+        "problems": problems,
+        "obtain": d.obtain,
+    }
 
 
 def format_dataset_status(rows: Sequence[Mapping[str, Any]]) -> str:
     """A plain-text table of :func:`dataset_status` rows, problems listed below."""
     head = ("dataset", "status", "layout", "files", "MB", "contents")
     body = [
-        (r["name"], r["status"], r["layout"],
-         f"{r['verified']}/{r['expected']}", f"{r['bytes'] / 1e6:.1f}", r["summary"])
+        (
+            r["name"],
+            r["status"],
+            r["layout"],
+            f"{r['verified']}/{r['expected']}",
+            f"{r['bytes'] / 1e6:.1f}",
+            r["summary"],
+        )
         for r in rows
     ]
     widths = [max(len(str(x[i])) for x in [head, *body]) for i in range(5)]
@@ -584,14 +632,12 @@ def memory_summary(data: Any) -> dict[str, Any]:
       ``num_clients``, per-split ``examples``, ``nbytes`` (flat storage),
       ``padded_nbytes`` and ``padding_factor`` (padded / flat, over x and y).
     """
-    flat = sum(
-        int(s.x.nbytes) + int(s.y.nbytes) for s in data.splits().values()
-    )
+    flat = sum(int(s.x.nbytes) + int(s.y.nbytes) for s in data.splits().values())
     padded = data.padded_nbytes()
-    return dict(
-        num_clients=data.num_clients,
-        examples={k: s.num_examples for k, s in data.splits().items()},
-        nbytes=data.nbytes(),
-        padded_nbytes=padded,
-        padding_factor=padded / max(flat, 1),
-    )
+    return {
+        "num_clients": data.num_clients,
+        "examples": {k: s.num_examples for k, s in data.splits().items()},
+        "nbytes": data.nbytes(),
+        "padded_nbytes": padded,
+        "padding_factor": padded / max(flat, 1),
+    }

@@ -1,0 +1,186 @@
+"""Engine round vs a Python loop over clients (the fedjax-style baseline).
+
+Same workload, same run: every client of a full cohort takes ``--steps`` local SGD
+steps of batch ``--batch`` from the global model, then the server averages. The
+engine runs it as one jitted round with each client-parallel strategy; the
+baseline calls one jitted per-client update (the same ``local_train`` kernel) in
+a Python loop and accumulates the weighted deltas with a jitted add.
+
+Prints a table and writes one JSON record per configuration (``--out``).
+
+    python benchmarks/throughput.py --models logreg mlp cnn --clients 100 1000
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from fedjax_pfl import algorithms, models
+from fedjax_pfl.core import EngineConfig
+from fedjax_pfl.core._local import local_train
+from fedjax_pfl.core._round import CLIENT_TAG
+from fedjax_pfl.data import from_client_arrays
+
+MODELS = {
+    "logreg": lambda: models.logistic_regression((784,), 10),
+    "mlp": lambda: models.mlp((784,), 10, hidden=(200, 200)),
+    "cnn": lambda: models.ditto_fmnist_cnn(),
+}
+
+
+def make_data(num_clients: int, per_client: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    clients = [(rng.normal(size=(per_client, 784)).astype(np.float32),
+                rng.integers(0, 10, per_client)) for _ in range(num_clients)]
+    return from_client_arrays(clients)
+
+
+def _timed(fn, repeats):
+    t0 = time.perf_counter()
+    out = jax.block_until_ready(fn())  # first call: compile + run
+    first = time.perf_counter() - t0
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = jax.block_until_ready(fn())
+        times.append(time.perf_counter() - t0)
+    return out, first, float(np.median(times))
+
+
+def engine_round(model, data, args, strategy, map_batch):
+    alg = algorithms.fedavg(
+        model, client_lr=0.05, num_local_steps=args.steps, batch_size=args.batch,
+        cohort="full", cohort_size=data.num_clients,
+        engine=EngineConfig(strategy, map_batch), unroll=args.unroll)
+    state = alg.init(jax.random.key(0), data)
+    step = jax.jit(alg.round_step)
+    key = jax.random.key(1)
+    t0 = time.perf_counter()
+    step.lower(state, data, key).compile()
+    compile_s = time.perf_counter() - t0
+    (new, _), first, t = _timed(lambda: step(state, data, key), args.repeats)
+    return new.server.params, compile_s, t
+
+
+def loop_round(model, data, args):
+    """The baseline: Python loop over clients, one jitted update per client."""
+    params = model.init(jax.random.key(0))
+    unroll = args.unroll if args.unroll is not None else (
+        jax.default_backend() == "cpu" and args.steps <= 32)
+
+    @jax.jit
+    def client_update(w, cid, key):
+        w_k, _ = local_train(model, w, data.train, cid, key, optimizer=optax.sgd(0.05),
+                             num_steps=args.steps, batch_size=args.batch,
+                             unroll=unroll)
+        n = data.train.counts[cid].astype(jnp.float32)
+        return jax.tree.map(lambda a, b: n * (a - b), w_k, w), n
+
+    add = jax.jit(lambda acc, d: jax.tree.map(jnp.add, acc, d))
+    finish = jax.jit(lambda w, acc, n: jax.tree.map(lambda a, b: a + b / n, w, acc))
+    rkey = jax.random.fold_in(jax.random.fold_in(jax.random.key(1), 0), CLIENT_TAG)
+    keys = [jax.random.fold_in(rkey, k) for k in np.asarray(data.key_ids)]
+    cids = [jnp.int32(c) for c in range(data.num_clients)]
+
+    def run():
+        acc, total = None, 0.0
+        for cid, k in zip(cids, keys):
+            d, n = client_update(params, cid, k)
+            acc = d if acc is None else add(acc, d)
+            total += n
+        return finish(params, acc, total)
+
+    t0 = time.perf_counter()
+    client_update.lower(params, cids[0], keys[0]).compile()
+    compile_s = time.perf_counter() - t0
+    out, first, t = _timed(run, args.repeats)
+    return out, compile_s, t
+
+
+def _meta():
+    try:
+        sha = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"],
+                                      stderr=subprocess.DEVNULL, text=True).strip()
+    except Exception:
+        sha = "unknown"
+    dev = jax.devices()[0]
+    return {"jax": jax.__version__, "backend": jax.default_backend(),
+            "device_kind": dev.device_kind, "num_devices": jax.device_count(),
+            "cpu_count": os.cpu_count(), "machine": platform.machine(),
+            "git_sha": sha, "date": datetime.datetime.now().isoformat(timespec="seconds")}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", nargs="+", default=["logreg", "mlp", "cnn"],
+                   choices=sorted(MODELS))
+    p.add_argument("--clients", nargs="+", type=int, default=[100, 1000])
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--per-client", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--strategies", nargs="+",
+                   default=["vmap", "map:1", "map:10", "map:100"],
+                   help="engine strategies, 'vmap' or 'map:B'")
+    p.add_argument("--cnn-steps", type=int, default=1,
+                   help="local steps for the CNN (it is ~100x the MLP's cost)")
+    p.add_argument("--unroll", type=lambda s: {"true": True, "false": False}.get(
+        s.lower(), None), default=None, help="true/false; default: engine default")
+    p.add_argument("--out", default=None, help="append JSON records to this file")
+    args = p.parse_args(argv)
+    meta = _meta()
+    records = []
+    print(f"backend={meta['backend']} device={meta['device_kind']} jax={meta['jax']}")
+    print(f"{'model':<7}{'clients':>8}{'variant':>10}{'compile s':>11}"
+          f"{'round s':>10}{'rounds/s':>10}{'client-steps/s':>16}{'vs loop':>9}")
+    for name in args.models:
+        model = MODELS[name]()
+        for c in args.clients:
+            run_args = argparse.Namespace(**vars(args))
+            if name == "cnn":
+                run_args.steps = args.cnn_steps
+            data = make_data(c, args.per_client)
+            base, base_compile, base_t = loop_round(model, data, run_args)
+            results = [("loop", base_compile, base_t, 0.0)]
+            for s in args.strategies:
+                strategy, _, b = s.partition(":")
+                if strategy == "map" and int(b) > c:
+                    continue
+                params, comp, t = engine_round(model, data, run_args, strategy,
+                                               int(b) if b else None)
+                err = max(float(jnp.max(jnp.abs(a - b_)))
+                          for a, b_ in zip(jax.tree.leaves(params),
+                                           jax.tree.leaves(base)))
+                results.append((s, comp, t, err))
+            for variant, comp, t, err in results:
+                steps_per_s = c * run_args.steps / t
+                rec = dict(meta, model=name, clients=c, steps=run_args.steps,
+                           batch=args.batch, variant=variant, compile_s=comp,
+                           round_s=t, rounds_per_s=1 / t,
+                           client_steps_per_s=steps_per_s, speedup_vs_loop=base_t / t,
+                           max_abs_diff_vs_loop=err)
+                records.append(rec)
+                print(f"{name:<7}{c:>8}{variant:>10}{comp:>11.2f}{t:>10.4f}"
+                      f"{1 / t:>10.2f}{steps_per_s:>16.0f}{base_t / t:>9.2f}")
+                sys.stdout.flush()
+    if args.out:
+        with open(args.out, "a") as fh:
+            for r in records:
+                fh.write(json.dumps(r) + "\n")
+    return records
+
+
+if __name__ == "__main__":
+    main()

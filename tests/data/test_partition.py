@@ -1,0 +1,312 @@
+"""Partitioners: the papers' recipes (exact counts), constraints, determinism."""
+
+import gzip
+import os
+
+import numpy as np
+import pytest
+
+from fedjax_pfl import data as fdata
+
+DATA_DIR = os.environ.get("FEDJAX_PFL_DATA_DIR")
+needs_data = pytest.mark.skipif(not DATA_DIR, reason="FEDJAX_PFL_DATA_DIR unset")
+
+
+def _idx_labels(name, kind):
+    path = os.path.join(DATA_DIR, name, f"{kind}-labels-idx1-ubyte.gz")
+    with gzip.open(path, "rb") as f:
+        return np.frombuffer(f.read(), np.uint8, offset=8).astype(np.int64)
+
+
+def _idx_images(name, kind):
+    path = os.path.join(DATA_DIR, name, f"{kind}-images-idx3-ubyte.gz")
+    with gzip.open(path, "rb") as f:
+        return np.frombuffer(f.read(), np.uint8, offset=16).reshape(-1, 784)
+
+
+def _balanced_labels(per_class, num_classes=10, seed=0):
+    """Shuffled labels with ``per_class`` rows of each class."""
+    y = np.repeat(np.arange(num_classes), per_class)
+    return np.random.default_rng(seed).permutation(y)
+
+
+def _sizes(indices):
+    return np.array([len(i) for i in indices])
+
+
+def _assert_same(a, b):
+    assert len(a) == len(b)
+    for u, v in zip(a, b):
+        np.testing.assert_array_equal(u, v)
+
+
+# ------------------------------------------------------------------ Ditto FMNIST
+
+
+def _check_ditto_fmnist_counts(y_tr, y_te):
+    tr, te = fdata.ditto_fmnist_indices(y_tr, y_te)
+    s_tr, s_te = _sizes(tr), _sizes(te)
+    assert len(tr) == len(te) == 500
+    assert s_tr.sum() == 61_251 and s_te.sum() == 11_254
+    assert (s_tr.min(), int(np.median(s_tr)), s_tr.max()) == (31, 88, 1378)
+    assert (s_te.min(), s_te.max()) == (7, 231)
+    for u in (0, 1, 7, 499):  # user u holds classes (u + j) mod 10, j < 5
+        want = sorted((u + j) % 10 for j in range(5))
+        assert sorted(np.unique(y_tr[tr[u]])) == want
+        assert sorted(np.unique(y_te[te[u]])) == want
+        assert len(np.unique(tr[u])) == len(tr[u])  # no row twice within a user
+
+
+def test_ditto_fmnist_recipe_counts_on_synthetic_labels():
+    # The counts depend only on the class sizes (6000 / 1000, as in FMNIST).
+    _check_ditto_fmnist_counts(_balanced_labels(6000), _balanced_labels(1000, seed=1))
+
+
+@needs_data
+def test_ditto_fmnist_exact_counts_on_real_labels():
+    y_tr = _idx_labels("fashion_mnist", "train")
+    y_te = _idx_labels("fashion_mnist", "t10k")
+    _check_ditto_fmnist_counts(y_tr, y_te)
+    tr, _ = fdata.ditto_fmnist_indices(y_tr, y_te)
+    # Sequential per-class draws: user 0's class-0 rows are the first class-0 rows.
+    first = np.where(y_tr == 0)[0]
+    n0 = int(np.sum(y_tr[tr[0]] == 0))
+    np.testing.assert_array_equal(tr[0][:n0], first[:n0])
+
+
+@needs_data
+def test_ditto_fmnist_builds_on_real_images():
+    x_tr, y_tr = _idx_images("fashion_mnist", "train"), _idx_labels("fashion_mnist", "train")
+    x_te, y_te = _idx_images("fashion_mnist", "t10k"), _idx_labels("fashion_mnist", "t10k")
+    d = fdata.ditto_fmnist(x_tr, y_tr, x_te, y_te, val_fraction=0.1)
+    assert d.num_clients == 500 and d.client_ids[0] == "f_00000"
+    assert d.train.num_examples + d.val.num_examples == 61_251
+    assert d.test.num_examples == 11_254
+    assert d.train.x.shape[1:] == (784,) and d.train.x.dtype == np.float32
+    mu = np.mean(x_tr.astype(np.float32), 0)
+    sd = np.std(x_tr.astype(np.float32), 0)
+    x0, _ = d.test.client(0)
+    ref = (x_te[fdata.ditto_fmnist_indices(y_tr, y_te)[1][0]] - mu) / (sd + 0.001)
+    np.testing.assert_allclose(x0, ref, rtol=1e-6, atol=1e-6)
+
+
+def test_ditto_fmnist_end_to_end_small_features():
+    y_tr, y_te = _balanced_labels(6000), _balanced_labels(1000, seed=1)
+    rng = np.random.default_rng(0)
+    x_tr = rng.integers(0, 256, (len(y_tr), 3), dtype=np.uint8)
+    x_te = rng.integers(0, 256, (len(y_te), 3), dtype=np.uint8)
+    d = fdata.ditto_fmnist(x_tr, y_tr, x_te, y_te, val_fraction=0.1)
+    assert d.train.num_examples + d.val.num_examples == 61_251
+    np.testing.assert_array_equal(
+        np.asarray(d.val.counts), np.floor(0.1 * (np.asarray(d.train.counts)
+                                                  + np.asarray(d.val.counts)))
+    )
+    p = fdata.ditto_fmnist(x_tr, y_tr, x_te, y_te, paper_split=True)
+    total = 61_251 + 11_254
+    assert p.train.num_examples + p.val.num_examples + p.test.num_examples == total
+    np.testing.assert_allclose(np.mean(np.asarray(d.train.x), 0), 0.0, atol=0.1)
+
+
+# -------------------------------------------------------------------- Dirichlet
+
+
+# FedFDP's committed dataset/mnist/config.json (seed 1, alpha 0.1, 10 clients).
+_FEDFDP_MNIST = {
+    0: {0: 961, 2: 890, 3: 128, 4: 1, 6: 16, 7: 340},
+    6: {1: 72, 4: 1, 6: 172, 7: 663},
+    9: {0: 4333, 1: 1310, 2: 1, 3: 1, 4: 117, 5: 2, 6: 627, 7: 1, 8: 6819, 9: 1},
+}
+_FEDFDP_SIZES = [2336, 6798, 9965, 8324, 6961, 10164, 908, 9661, 1671, 13212]
+
+
+@needs_data
+def test_dirichlet_reproduces_fedfdp_mnist_partition():
+    y = np.concatenate([_idx_labels("mnist", "train"), _idx_labels("mnist", "t10k")])
+    idx = fdata.dirichlet_indices(y, 10, 0.1, min_size=10, seed=1)
+    assert _sizes(idx).tolist() == _FEDFDP_SIZES
+    for c, want in _FEDFDP_MNIST.items():
+        labels, counts = np.unique(y[idx[c]], return_counts=True)
+        assert dict(zip(labels.tolist(), counts.tolist())) == want
+
+
+def test_dirichlet_minimum_size_and_coverage():
+    y = _balanced_labels(300)
+    for seed in range(3):
+        idx = fdata.dirichlet_indices(y, 20, 0.05, min_size=25, seed=seed)
+        assert _sizes(idx).min() >= 25
+        allrows = np.sort(np.concatenate(idx))
+        np.testing.assert_array_equal(allrows, np.arange(len(y)))
+    with pytest.raises(ValueError, match="alpha"):
+        fdata.dirichlet_indices(y, 10, 0.0)
+    with pytest.raises(ValueError, match="min_size"):
+        fdata.dirichlet_indices(y, 10, 0.1, min_size=10**6)
+
+
+def test_dirichlet_federated_data_split():
+    y = _balanced_labels(100)
+    x = np.arange(len(y), dtype=np.float32)[:, None]
+    d = fdata.dirichlet(x, y, 5, 0.5, min_size=10, seed=1)
+    assert d.val is None and d.num_clients == 5
+    total = np.asarray(d.train.counts) + np.asarray(d.test.counts)
+    np.testing.assert_array_equal(np.asarray(d.test.counts), np.floor(0.25 * total))
+    assert d.train.num_examples + d.test.num_examples == len(y)
+
+
+# ------------------------------------------------------------ k classes (PFLlib)
+
+
+def test_k_classes_per_client_pathological():
+    y = _balanced_labels(200)
+    idx = fdata.k_classes_indices(y, 10, 2, seed=1)
+    for i, rows in enumerate(idx):
+        m = 2 * (i // 2)  # clients 2m, 2m+1 share classes 2m, 2m+1
+        assert sorted(np.unique(y[rows])) == [m, m + 1]
+    np.testing.assert_array_equal(np.sort(np.concatenate(idx)), np.arange(len(y)))
+    bal = fdata.k_classes_indices(y, 10, 2, balance=True)
+    assert set(_sizes(bal)) == {200}
+    with pytest.raises(ValueError, match="classes_per_client"):
+        fdata.k_classes_indices(y, 10, 11)
+
+
+# ------------------------------------------------------------------------ LINDT
+
+
+def _cifar_like(seed=0, per_class=(500, 100)):
+    y_tr = _balanced_labels(per_class[0], seed=seed)
+    y_te = _balanced_labels(per_class[1], seed=seed + 1)
+    x_tr = np.arange(len(y_tr), dtype=np.float32)[:, None]
+    x_te = -np.arange(len(y_te), dtype=np.float32)[:, None]
+    return x_tr, y_tr, x_te, y_te
+
+
+def test_lindt_mixed_group_sizes_and_matching_distributions():
+    x_tr, y_tr, x_te, y_te = _cifar_like(per_class=(5000, 1000))  # CIFAR-10 sizes
+    ks = fdata.lindt_classes_per_client("mixed", 100)
+    assert [int(np.sum(ks == k)) for k in (10, 5, 2)] == [50, 30, 20]
+    d = fdata.lindt_cifar(x_tr, y_tr, x_te, y_te, "mixed", seed=0)
+    assert d.train.num_examples == len(y_tr) and d.test.num_examples == len(y_te)
+    ytr_all, yte_all = np.asarray(d.train.y), np.asarray(d.test.y)
+    cut_tr = np.cumsum(np.asarray(d.train.counts))[:-1]
+    cut_te = np.cumsum(np.asarray(d.test.counts))[:-1]
+    n_classes = []
+    for ytr, yte in zip(np.split(ytr_all, cut_tr), np.split(yte_all, cut_te)):
+        n_classes.append(len(np.unique(ytr)))
+        assert set(np.unique(yte)) <= set(np.unique(ytr))
+        # same label distribution in train and test (5:1 of each class, up to the
+        # one-row minimum per held train class and rounding)
+        np.testing.assert_allclose(np.bincount(yte, minlength=10) * 5,
+                                   np.bincount(ytr, minlength=10), atol=8)
+    assert n_classes == ks.tolist()
+    sizes = np.asarray(d.train.counts)
+    assert sizes.std() > 0.5 * sizes.mean()  # log-normal, far from equal
+
+
+def test_lindt_iid_equal_sizes():
+    x_tr, y_tr, x_te, y_te = _cifar_like()
+    d = fdata.lindt_cifar(x_tr, y_tr, x_te, y_te, "iid", num_clients=10)
+    assert set(np.asarray(d.train.counts).tolist()) == {500}
+    assert set(np.asarray(d.test.counts).tolist()) == {100}
+    with pytest.raises(ValueError, match="scheme"):
+        fdata.lindt_cifar(x_tr, y_tr, x_te, y_te, "non_iid_3")
+
+
+# ------------------------------------------------------------------------- Fed+
+
+
+def test_fedplus_mnist_negation_and_noise():
+    y = _balanced_labels(40)
+    x = np.full((len(y), 4), 50, np.uint8)  # 50/255 ~ 0.196 everywhere
+    r = fdata.fedplus_mnist(x, y, 10, personal=False, seed=3)
+    assert r.negated.sum() == 1 and r.noisy_classes.shape == (10, 0)
+    for c in range(10):
+        xc, _ = r.data.train.client(c)
+        want = 1 - 50 / 255 if r.negated[c] else 50 / 255
+        np.testing.assert_allclose(xc, want, rtol=1e-6)
+    p = fdata.fedplus_mnist(x, y, 50, seed=3)
+    assert p.negated.sum() == 10 and p.noisy_classes.shape == (50, 2)
+    xc, yc = p.data.train.client(0)
+    noisy = np.isin(yc, p.noisy_classes[0])
+    base = 1 - 50 / 255 if p.negated[0] else 50 / 255
+    assert np.all(np.abs(xc[~noisy] - base) < 1e-6)
+    assert np.all(np.abs(xc[noisy] - base).max(1) > 1e-6)
+    assert p.data.train.num_examples + p.data.test.num_examples == len(y)
+
+
+def test_fedplus_synthetic_regression_outlier():
+    r = fdata.fedplus_synthetic_regression(10, dim=200, seed=0)
+    assert r.data.train.x.shape == (500, 200) and r.data.train.y.shape == (500, 1)
+    assert r.outlier.tolist() == [False] * 9 + [True]
+    benign = r.w_true[:9]
+    spread = np.linalg.norm(benign - benign.mean(0), axis=1).max()
+    assert np.linalg.norm(r.w_true[9] - benign.mean(0)) > 2 * spread
+
+
+# ---------------------------------------------------------- FEMNIST, natural
+
+
+def test_ditto_femnist_skewed_five_classes():
+    y = _balanced_labels(40, num_classes=62)
+    x = np.arange(len(y), dtype=np.float32)[:, None]
+    d = fdata.ditto_femnist_skewed(x, y, seed=0)
+    assert d.num_clients == 100
+    for u in (0, 5, 61, 99):
+        rows = np.concatenate([d.train.client(u)[1], d.test.client(u)[1],
+                               d.val.client(u)[1]])
+        assert set(np.unique(rows)) <= {(u + j) % 62 for j in range(5)}
+        xs = np.concatenate([d.train.client(u)[0], d.test.client(u)[0],
+                             d.val.client(u)[0]])
+        assert len(np.unique(xs)) == len(xs)  # no row twice within a device
+
+
+def test_natural_groups_by_key():
+    keys = np.array(["b", "a", "b", "c", "a", "b", "c", "c", "c"])
+    x = np.arange(len(keys), dtype=np.float32)[:, None]
+    y = np.zeros(len(keys), np.int64)
+    d = fdata.natural(x, y, keys, fractions=(1.0, 0.0, 0.0), min_size=3)
+    assert d.client_ids == ("b", "c")
+    xb, _ = d.train.client(0)
+    assert sorted(xb[:, 0].tolist()) == [0.0, 2.0, 5.0]
+
+
+# ------------------------------------------------------------------ determinism
+
+
+def _federated_equal(a, b):
+    for s, t in zip(a.splits().values(), b.splits().values()):
+        np.testing.assert_array_equal(np.asarray(s.x), np.asarray(t.x))
+        np.testing.assert_array_equal(np.asarray(s.y), np.asarray(t.y))
+        np.testing.assert_array_equal(np.asarray(s.counts), np.asarray(t.counts))
+
+
+def _partitioners():
+    y = _balanced_labels(60)
+    x = np.random.default_rng(0).integers(0, 256, (len(y), 2), dtype=np.uint8)
+    x_tr, y_tr, x_te, y_te = _cifar_like()
+    y62 = _balanced_labels(20, num_classes=62)
+    x62 = np.arange(len(y62), dtype=np.float32)[:, None]
+    return {
+        "natural": lambda s: fdata.natural(x, y, y % 7, seed=s),
+        "iid": lambda s: fdata.iid(x, y, 6, seed=s),
+        "k_classes": lambda s: fdata.k_classes_per_client(x, y, 10, 2, seed=s),
+        "dirichlet": lambda s: fdata.dirichlet(x, y, 5, 0.3, min_size=5, seed=s),
+        "ditto_fmnist": lambda s: fdata.ditto_fmnist(
+            x, y, x[:200], y[:200], num_clients=20, seed=s, shuffle_seed=s),
+        "femnist_skewed": lambda s: fdata.ditto_femnist_skewed(
+            x62, y62, num_clients=30, seed=s),
+        "lindt_mixed": lambda s: fdata.lindt_cifar(
+            x_tr, y_tr, x_te, y_te, "mixed", num_clients=20, seed=s),
+        "lindt_iid": lambda s: fdata.lindt_cifar(
+            x_tr, y_tr, x_te, y_te, "iid", num_clients=20, seed=s),
+        "fedplus_mnist": lambda s: fdata.fedplus_mnist(x, y, 10, seed=s).data,
+        "fedplus_regression": lambda s: fdata.fedplus_synthetic_regression(
+            5, dim=20, seed=s).data,
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_partitioners()))
+def test_partitioners_are_deterministic(name):
+    make = _partitioners()[name]
+    _federated_equal(make(1), make(1))
+    a, b = make(1), make(2)
+    with pytest.raises(AssertionError):
+        _federated_equal(a, b)
