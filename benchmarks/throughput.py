@@ -28,7 +28,7 @@ import numpy as np
 import optax
 
 from fedjax_pfl import algorithms, models
-from fedjax_pfl.core import EngineConfig
+from fedjax_pfl.core import EngineConfig, run_rounds
 from fedjax_pfl.core._local import local_train
 from fedjax_pfl.core._round import CLIENT_TAG
 from fedjax_pfl.data import from_client_arrays
@@ -59,19 +59,24 @@ def _timed(fn, repeats):
     return out, first, float(np.median(times))
 
 
-def engine_round(model, data, args, strategy, map_batch):
+def engine_round(model, data, args, strategy, map_batch, scan_rounds=0):
+    """One jitted round; with ``scan_rounds = R > 0``, R rounds in one
+    ``lax.scan`` as ``simulate`` runs them (time reported per round)."""
     alg = algorithms.fedavg(
         model, client_lr=0.05, num_local_steps=args.steps, batch_size=args.batch,
         cohort="full", cohort_size=data.num_clients,
         engine=EngineConfig(strategy, map_batch), unroll=args.unroll)
     state = alg.init(jax.random.key(0), data)
-    step = jax.jit(alg.round_step)
     key = jax.random.key(1)
+    if scan_rounds:
+        step = jax.jit(lambda s, d, k: run_rounds(alg, s, d, k, scan_rounds)[0])
+    else:
+        step = jax.jit(lambda s, d, k: alg.round_step(s, d, k)[0])
     t0 = time.perf_counter()
     step.lower(state, data, key).compile()
     compile_s = time.perf_counter() - t0
-    (new, _), first, t = _timed(lambda: step(state, data, key), args.repeats)
-    return new.server.params, compile_s, t
+    new, first, t = _timed(lambda: step(state, data, key), args.repeats)
+    return new.server.params, compile_s, t / max(scan_rounds, 1)
 
 
 def loop_round(model, data, args):
@@ -138,12 +143,15 @@ def main(argv=None):
                    help="local steps for the CNN (it is ~100x the MLP's cost)")
     p.add_argument("--unroll", type=lambda s: {"true": True, "false": False}.get(
         s.lower(), None), default=None, help="true/false; default: engine default")
+    p.add_argument("--scan-rounds", type=int, default=4,
+                   help="also time the default strategy with this many rounds per "
+                        "lax.scan, as simulate runs them (0: skip)")
     p.add_argument("--out", default=None, help="append JSON records to this file")
     args = p.parse_args(argv)
     meta = _meta()
     records = []
     print(f"backend={meta['backend']} device={meta['device_kind']} jax={meta['jax']}")
-    print(f"{'model':<7}{'clients':>8}{'variant':>10}{'compile s':>11}"
+    print(f"{'model':<7}{'clients':>8}{'variant':>14}{'compile s':>11}"
           f"{'round s':>10}{'rounds/s':>10}{'client-steps/s':>16}{'vs loop':>9}")
     for name in args.models:
         model = MODELS[name]()
@@ -164,6 +172,12 @@ def main(argv=None):
                           for a, b_ in zip(jax.tree.leaves(params),
                                            jax.tree.leaves(base)))
                 results.append((s, comp, t, err))
+            if args.scan_rounds:
+                strategy, b = EngineConfig().strategy, EngineConfig().map_batch_size
+                _, comp, t = engine_round(model, data, run_args, strategy, b,
+                                          args.scan_rounds)
+                label = f"scan{args.scan_rounds}:{strategy}" + (f":{b}" if b else "")
+                results.append((label, comp, t, None))
             for variant, comp, t, err in results:
                 steps_per_s = c * run_args.steps / t
                 rec = dict(meta, model=name, clients=c, steps=run_args.steps,
@@ -172,7 +186,7 @@ def main(argv=None):
                            client_steps_per_s=steps_per_s, speedup_vs_loop=base_t / t,
                            max_abs_diff_vs_loop=err)
                 records.append(rec)
-                print(f"{name:<7}{c:>8}{variant:>10}{comp:>11.2f}{t:>10.4f}"
+                print(f"{name:<7}{c:>8}{variant:>14}{comp:>11.2f}{t:>10.4f}"
                       f"{1 / t:>10.2f}{steps_per_s:>16.0f}{base_t / t:>9.2f}")
                 sys.stdout.flush()
     if args.out:

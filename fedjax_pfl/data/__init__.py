@@ -1,4 +1,4 @@
-"""Federated data container, synthetic generators (loaders come with issue 3)."""
+"""Federated data: the flat container, synthetic problems, loaders, partitioners."""
 
 from ._federated import SAMPLING_MODES as SAMPLING_MODES
 from ._federated import Batch as Batch

@@ -319,9 +319,10 @@ def class_subset_lognormal_indices(
     spread evenly over its classes. Each class's train rows (shuffled) are then
     shared among its holders in proportion to ``t_i / k_i`` (largest-remainder
     rounding; a holder rounded to 0 takes one row from the largest, so client
-    ``i`` holds exactly ``k_i`` classes), so all rows are used exactly once. The test rows are shared with
-    the same weights (no one-row minimum: a small client may miss a class, or have
-    no test rows), so each client's train and test label distributions match
+    ``i`` holds exactly ``k_i`` classes), so all rows are used exactly once. The
+    test rows are shared with the same weights (no one-row minimum: a small client
+    may miss a class, or have no test rows), so each client's train and test label
+    distributions match
     (LINDT, specs/lindt.md §4.2).
 
     Returns:

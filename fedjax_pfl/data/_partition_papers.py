@@ -223,7 +223,9 @@ LINDT_SCHEMES = ("iid", "non_iid_10", "non_iid_5", "non_iid_2", "mixed")
 # Log-normal sigmas whose client-size std (median over 30 seeds, mean size 600)
 # is close to LINDT's Table 8 (572 / 811 / 855 / 732; ours 574 / 808 / 856 / 726
 # on CIFAR-10's class sizes); the paper does not give its parameters.
-_LINDT_SIGMA = {"non_iid_10": 0.85, "non_iid_5": 1.125, "non_iid_2": 1.28, "mixed": 1.05}
+_LINDT_SIGMA = {
+    "non_iid_10": 0.85, "non_iid_5": 1.125, "non_iid_2": 1.28, "mixed": 1.05
+}
 
 
 def lindt_classes_per_client(scheme: str, num_clients: int = 100) -> np.ndarray:
@@ -303,7 +305,7 @@ def fedplus_mnist(
     fractions: Fractions = (0.5, 0.0, 0.5),
     seed: int = 0,
 ) -> FedPlusMNIST:
-    """Fed+'s MNIST-robust (``personal=False``) and MNIST-personal (specs/fedplus.md §6.1).
+    """Fed+'s MNIST-robust (``personal=False``) / MNIST-personal (fedplus.md §6.1).
 
     MNIST is shuffled into ``N`` equal parties; a random ``negate_fraction`` of them
     (default 10 % for ``N <= 10``, else 20 %) get negated images ``1 - x`` (pixels

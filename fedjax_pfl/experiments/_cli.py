@@ -30,8 +30,10 @@ def main(argv: list[str] | None = None) -> int:
     ds = sub.add_parser("datasets", help="list datasets found under a data directory")
     ds.add_argument("--data-dir", default=None,
                     help="default: $FEDJAX_PFL_DATA_DIR")
-    args = parser.parse_args(["demo"] if not argv and argv is not None else argv
-                             if argv is not None else (sys.argv[1:] or ["demo"]))
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] not in (*sub.choices, "-h", "--help"):
+        argv = ["demo", *argv]  # options without a command go to the demo
+    args = parser.parse_args(argv)
     if args.command == "datasets":
         return _datasets(args.data_dir)
     return _demo(args)

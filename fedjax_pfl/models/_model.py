@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -110,4 +111,4 @@ def batch_loss(model: Model, params: Params, x, y, mask) -> jax.Array:
 
 
 def num_params(params: Params) -> int:
-    return sum(int(jnp.size(a)) for a in jax.tree.leaves(params))
+    return sum(math.prod(a.shape) for a in jax.tree.leaves(params))

@@ -1,13 +1,12 @@
 """The papers' models with their exact parameter counts.
 
-| factory                      | paper / code                    | input (one example)   | params  |
-|------------------------------|---------------------------------|-----------------------|---------|
-| :func:`ditto_femnist_cnn`    | Ditto FEMNIST CNN               | 784 or 28x28x1        | 222,078 |
-| :func:`ditto_celeba_cnn`     | Ditto CelebA CNN (batch-stat BN)| 84x84x3               |  31,202 |
-| :func:`ditto_vehicle_svm`    | Ditto Vehicle linear SVM        | 100                   |     101 |
-| :func:`fedavg_cnn`           | PFLlib/FedFDP ``FedAvgCNN``     | 28x28x1 / 32x32x3     | 582,026 / 878,538 |
-| :func:`lindt_cifar_cnn`      | LINDT CIFAR-10 CNN              | 32x32x3               | 940,362 |
-| :func:`lindt_shakespeare_lstm` | LINDT Shakespeare LSTM        | 80 int tokens         | 819,920 |
+* :func:`ditto_femnist_cnn`: Ditto FEMNIST CNN, 784 or 28x28x1, 222,078.
+* :func:`ditto_celeba_cnn`: Ditto CelebA CNN (batch-stat BN), 84x84x3, 31,202.
+* :func:`ditto_vehicle_svm`: Ditto Vehicle linear SVM, 100 features, 101.
+* :func:`fedavg_cnn`: PFLlib/FedFDP ``FedAvgCNN``, 28x28x1 / 32x32x3,
+  582,026 / 878,538.
+* :func:`lindt_cifar_cnn`: LINDT CIFAR-10 CNN, 32x32x3, 940,362.
+* :func:`lindt_shakespeare_lstm`: LINDT Shakespeare LSTM, 80 tokens, 819,920.
 
 Layout: images are NHWC (``[B, H, W, C]``), as flax convolutions expect. Loaders
 that return NCHW (CIFAR-10 arrives ``[n, 3, 32, 32]``) need :func:`nchw_to_nhwc`

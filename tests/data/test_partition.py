@@ -76,8 +76,8 @@ def test_ditto_fmnist_exact_counts_on_real_labels():
 
 @needs_data
 def test_ditto_fmnist_builds_on_real_images():
-    x_tr, y_tr = _idx_images("fashion_mnist", "train"), _idx_labels("fashion_mnist", "train")
-    x_te, y_te = _idx_images("fashion_mnist", "t10k"), _idx_labels("fashion_mnist", "t10k")
+    x_tr, y_tr = (f("fashion_mnist", "train") for f in (_idx_images, _idx_labels))
+    x_te, y_te = (f("fashion_mnist", "t10k") for f in (_idx_images, _idx_labels))
     d = fdata.ditto_fmnist(x_tr, y_tr, x_te, y_te, val_fraction=0.1)
     assert d.num_clients == 500 and d.client_ids[0] == "f_00000"
     assert d.train.num_examples + d.val.num_examples == 61_251
