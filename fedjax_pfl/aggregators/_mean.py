@@ -23,6 +23,10 @@ class Aggregator(NamedTuple):
 
     init: Callable[[PyTree], PyTree]
     aggregate: Callable[..., tuple[PyTree, PyTree]]
+    linear_weights: Callable[[jax.Array, jax.Array], jax.Array] | None = None
+    """For rules that are a weighted mean ``sum c_k u_k / sum c_k``:
+    ``(weights, mask) -> c``. The engine may then accumulate the mean inside its
+    client loop instead of stacking every update (``None``: always stacked)."""
 
 
 def weighted_mean(updates: PyTree, weights: jax.Array) -> PyTree:
@@ -45,9 +49,11 @@ def mean(weighted: bool = True) -> Aggregator:
         examples); ``False`` gives the plain average of the Ditto paper's Alg. 2.
     """
 
+    def coefficients(weights, mask):
+        return mask * weights if weighted else mask
+
     def aggregate(state, updates, weights, mask, key):
         del key
-        w = mask * weights if weighted else mask
-        return weighted_mean(updates, w), state
+        return weighted_mean(updates, coefficients(weights, mask)), state
 
-    return Aggregator(lambda params: (), aggregate)
+    return Aggregator(lambda params: (), aggregate, coefficients)

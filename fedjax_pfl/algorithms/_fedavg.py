@@ -190,7 +190,7 @@ def fedavg(
     def build(num_clients):
         m = resolve_cohort_size(cohort_size, cohort, num_clients)
         return federated_round(client_fn, server_fn, cohort_size=m, cohort=cohort,
-                               engine=engine)
+                               engine=engine, linear_weights=agg.linear_weights)
 
     def eval_models(state, data, key):
         out = {"global": ModelView(model, state.server.params, False)}

@@ -80,42 +80,80 @@ def lift(
     raise ValueError(f"strategy: must be one of {STRATEGIES}, got {strategy!r}")
 
 
-def map_into_buffers(fn: Callable, args: tuple, batch_size: int = 1) -> PyTree:
+def lift_sum(
+    fn: Callable, strategy: str = "vmap", map_batch_size: int | None = None
+) -> Callable:
+    """Like :func:`lift` for ``fn`` returning ``(per_client, summand)``: returns
+    ``(stacked per_client, sum of summands over clients)``. With ``map`` the sum is
+    carried through the client loop, so summands are never stacked."""
+    if strategy == "vmap":
+
+        def summed(*args):
+            per, add = jax.vmap(fn)(*args)
+            return per, jax.tree.map(lambda a: jnp.tensordot(
+                jnp.ones(a.shape[0], a.dtype), a, axes=1), add)
+
+        return summed
+    if strategy == "map":
+        return lambda *args: map_into_buffers(fn, args, map_batch_size or 1,
+                                              reduce=True)
+    raise ValueError(f"strategy: must be one of {STRATEGIES}, got {strategy!r}")
+
+
+def map_into_buffers(
+    fn: Callable, args: tuple, batch_size: int = 1, *, reduce: bool = False
+) -> PyTree:
     """``jax.lax.map(fn, args, batch_size=...)`` that writes into preallocated
     output buffers carried by a ``fori_loop``.
 
-    Same result as ``lax.map``; on XLA:CPU ``lax.map``'s stacked outputs cost a
-    copy of the whole output per iteration (3-5x slower at 100 clients of a
-    200k-parameter MLP, docs/engine.md), while a dynamic-update-slice into a loop
-    carry is done in place.
+    Same result as ``lax.map``; the outputs are written with a
+    dynamic-update-slice into buffers carried by the loop, which XLA updates in
+    place.
+
+    With ``reduce=True``, ``fn`` returns ``(per_client, summand)`` and the result is
+    ``(stacked per_client, sum of summands)``, the sum carried through the loop.
     """
     n = jax.tree.leaves(args)[0].shape[0]
     b = min(batch_size, n)
     num_chunks, rem = divmod(n, b)
     chunk_fn = jax.vmap(fn)
-    head = jax.tree.map(lambda a: a[:b], args)
-    shapes = jax.eval_shape(chunk_fn, *head)
-    bufs = jax.tree.map(lambda s: jnp.zeros((n, *s.shape[1:]), s.dtype), shapes)
 
-    def body(i, bufs):
+    def chunk_sum(out):  # sums a chunk's summands (tensordot: see docs/engine.md)
+        if not reduce:
+            return out, None
+        per, add = out
+        return per, jax.tree.map(
+            lambda a: jnp.tensordot(jnp.ones(a.shape[0], a.dtype), a, axes=1), add)
+
+    head = jax.tree.map(lambda a: a[:b], args)
+    per_shapes, add_shapes = jax.eval_shape(lambda *a: chunk_sum(chunk_fn(*a)), *head)
+    bufs = jax.tree.map(lambda s: jnp.zeros((n, *s.shape[1:]), s.dtype), per_shapes)
+    acc = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), add_shapes)
+
+    def body(i, carry):
+        bufs, acc = carry
         start = i * b
         if b == 1:  # no batch dimension at all: plain (non-batched) matmuls
             one = jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(
                 a, i, keepdims=False), args)
-            out = jax.tree.map(lambda o: o[None], fn(*one))
+            per, add = fn(*one) if reduce else (fn(*one), None)
+            per = jax.tree.map(lambda o: o[None], per)
         else:
             chunk = jax.tree.map(
                 lambda a: jax.lax.dynamic_slice_in_dim(a, start, b), args)
-            out = chunk_fn(*chunk)
-        return jax.tree.map(
+            per, add = chunk_sum(chunk_fn(*chunk))
+        bufs = jax.tree.map(
             lambda buf, o: jax.lax.dynamic_update_slice_in_dim(buf, o, start, 0),
-            bufs, out)
+            bufs, per)
+        return bufs, jax.tree.map(jnp.add, acc, add)
 
-    bufs = jax.lax.fori_loop(0, num_chunks, body, bufs)
+    bufs, acc = jax.lax.fori_loop(0, num_chunks, body, (bufs, acc))
     if rem:
-        tail = chunk_fn(*jax.tree.map(lambda a: a[num_chunks * b:], args))
-        bufs = jax.tree.map(lambda buf, t: buf.at[num_chunks * b:].set(t), bufs, tail)
-    return bufs
+        per, add = chunk_sum(
+            chunk_fn(*jax.tree.map(lambda a: a[num_chunks * b:], args)))
+        bufs = jax.tree.map(lambda buf, t: buf.at[num_chunks * b:].set(t), bufs, per)
+        acc = jax.tree.map(jnp.add, acc, add)
+    return (bufs, acc) if reduce else bufs
 
 
 def default_strategy(backend: str | None = None) -> tuple[str, int | None]:

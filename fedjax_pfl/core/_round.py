@@ -9,7 +9,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ._clients import client_keys, lift, sample_cohort, tree_gather, tree_scatter
+from ._clients import (
+    client_keys,
+    lift,
+    lift_sum,
+    sample_cohort,
+    tree_gather,
+    tree_scatter,
+)
 from ._types import AlgorithmState, ClientResult, PyTree
 
 # Sub-key tags: fold_in(round_key, TAG) so each use gets an independent stream.
@@ -76,6 +83,7 @@ def federated_round(
     cohort_size: int,
     cohort: str,
     engine: EngineConfig,
+    linear_weights: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
 ) -> Callable[[AlgorithmState, Any, jax.Array], tuple[AlgorithmState, dict]]:
     """Builds ``round_step(state, data, key)`` from a one-client kernel.
 
@@ -87,6 +95,10 @@ def federated_round(
       cohort_size: clients per round.
       cohort: sampling mode (see :func:`sample_cohort`).
       engine: execution strategy.
+      linear_weights: set when the server's aggregator is a weighted mean
+        (``Aggregator.linear_weights``): the cohort's uploads are then averaged
+        inside the client loop (never stacked) and ``server_fn`` receives that
+        mean as a single upload with weight 1 (same result, O(params) memory).
 
     Keys: the round key is ``fold_in(key, round)``; client ``c`` trains with
     ``fold_in(fold_in(round_key, CLIENT_TAG), data.key_ids[c])``, so results do
@@ -106,18 +118,37 @@ def federated_round(
         def one(client_state, cid, ckey):
             return client_fn(state.server, client_state, cid, ckey, data)
 
-        res: ClientResult = lift(one, engine.strategy, engine.map_batch_size)(
-            cohort_states, ids_s, keys_s
-        )
-        mask = jnp.ones((ids.shape[0],), jnp.float32)
+        if linear_weights is None:
+            res: ClientResult = lift(one, engine.strategy, engine.map_batch_size)(
+                cohort_states, ids_s, keys_s
+            )
+            updates, weights = res.update, res.weight
+            nonfinite = _count_nonfinite_rows(res.update)
+        else:
+
+            def one_summed(client_state, cid, ckey):
+                r = one(client_state, cid, ckey)
+                c = linear_weights(r.weight, jnp.float32(1.0))
+                scaled = jax.tree.map(lambda u: c.astype(u.dtype) * u, r.update)
+                bad = _count_nonfinite_rows(jax.tree.map(lambda u: u[None], r.update))
+                return r._replace(update=()), (scaled, c, bad)
+
+            res, (total, c_sum, nonfinite) = lift_sum(
+                one_summed, engine.strategy, engine.map_batch_size
+            )(cohort_states, ids_s, keys_s)
+            updates = jax.tree.map(
+                lambda a: (a / jnp.maximum(c_sum, 1e-12).astype(a.dtype))[None], total
+            )
+            weights = jnp.ones((1,), jnp.float32)
+        mask = jnp.ones_like(weights)
         server, server_metrics = server_fn(
-            state.server, res.update, res.weight, mask, res.metrics,
+            state.server, updates, weights, mask, res.metrics,
             jax.random.fold_in(rkey, SERVER_TAG),
         )
         clients = tree_scatter(state.clients, ids, res.client_state)
         metrics = {f"train/{k}": jnp.mean(v) for k, v in res.metrics.items()}
         metrics.update(server_metrics)
-        metrics["nonfinite_clients"] = _count_nonfinite_rows(res.update)
+        metrics["nonfinite_clients"] = nonfinite
         return AlgorithmState(server, clients, state.round + 1), metrics
 
     return round_step
