@@ -19,7 +19,17 @@ from typing import Any
 import numpy as np
 
 from ._federated import FederatedData, from_client_arrays, split_clients
-from ._registry import DatasetError, FileSpec, read_verified, resolve_data_dir
+from ._registry import (
+    DATA_DIR_ENV,
+    REGISTRY,
+    TINY_SHAKESPEARE,
+    DatasetError,
+    FileSpec,
+    _check,
+    locate,
+    read_verified,
+    resolve_data_dir,
+)
 
 # LEAF models/utils/language_utils.py ALL_LETTERS: the Shakespeare vocabulary.
 LEAF_SHAKESPEARE_VOCAB = (
@@ -150,7 +160,7 @@ def load_vehicle(
     data_dir: str | os.PathLike | None = None,
     *,
     test_fraction: float = 0.2,
-    val_fraction: float = 0.0,
+    val_fraction: float = 0.08,
     seed: int = 0,
     labels: str = "pm1",
     verify: bool = True,
@@ -161,11 +171,12 @@ def load_vehicle(
     Only Ditto's training file is available (1,860 rows), so evaluation uses a
     seeded per-vehicle hold-out: each vehicle's rows are shuffled with ``seed``
     and split ``(1 - test - val, val, test)`` (every vehicle keeps >= 1 train
-    row). This differs from the paper, whose test set is the rest of each
-    vehicle's raw data.
+    row), by default the paper's 72/8/20. This differs from the released code,
+    whose test set is the rest of each vehicle's raw data.
 
     Args:
-      test_fraction, val_fraction: hold-out fractions, ``0 <= f`` and sum ``< 1``.
+      test_fraction, val_fraction: hold-out fractions, ``0 <= f`` and sum ``< 1``
+        (``val_fraction=0`` gives no ``val`` split).
       labels: ``"pm1"`` keeps y in {-1, +1} (hinge loss); ``"01"`` maps -1 to 0.
 
     Returns:
@@ -245,8 +256,9 @@ def load_celeba(
         ``img_align_celeba.zip``; exactly LEAF's images and split.
       * ``"tfds"``: a prepared TFDS ``celeb_a`` with an ``identity`` feature (no
         file names there, so each celebrity's images are matched by identity and
-        split with ``seed`` into LEAF's per-user train/test sizes). Reads and
-        decodes the whole dataset: slow.
+        split with ``seed`` into LEAF's per-user train/test sizes; any further
+        images of a celebrity are left out). Reads and decodes the whole
+        dataset: slow.
       * ``"auto"``: images if the folder exists, else TFDS if installed.
 
     Returns:
@@ -267,20 +279,28 @@ def load_celeba(
         if images_dir
         else root / "celeba_leaf_ditto" / "img_align_celeba"
     )
-    if source == "auto":
+    no_images = (
+        f"CelebA images not found at {img_dir}: download img_align_celeba.zip from "
+        "mmlab.ie.cuhk.edu.hk/projects/CelebA.html and unzip it there (or pass "
+        "images_dir=), or install tensorflow-datasets with a prepared 'celeb_a'"
+    )
+    auto = source == "auto"
+    if auto:
         source = "images" if img_dir.is_dir() else "tfds"
         if source == "tfds":
             try:
                 import tensorflow_datasets  # noqa: F401
             except ImportError:
-                raise DatasetError(
-                    f"CelebA images not found at {img_dir}: download "
-                    "img_align_celeba.zip from mmlab.ie.cuhk.edu.hk/projects/CelebA.html"
-                    " and unzip it there (or pass images_dir=), or install "
-                    "tensorflow-datasets with a prepared 'celeb_a'"
-                ) from None
+                raise DatasetError(no_images) from None
     if source == "tfds":
-        return _celeba_tfds(users, train, test, image_size, dtype, tfds_data_dir, seed)
+        try:
+            return _celeba_tfds(
+                users, train, test, image_size, dtype, tfds_data_dir, seed
+            )
+        except DatasetError as e:
+            if not auto:
+                raise
+            raise DatasetError(f"{no_images}; TFDS failed: {e}") from e
     names = [n for u in users for n in train[u][0] + test[u][0]]
     missing = [n for n in names if not (img_dir / n).is_file()]
     if missing:
@@ -332,7 +352,8 @@ def _celeba_tfds(
         n_tr = min(len(train[u][1]), len(ex))
         if n_tr == 0:
             raise DatasetError(f"TFDS celeb_a: no images of celebrity {u}")
-        for part, out in ((ex[:n_tr], tr), (ex[n_tr:], te)):
+        n_te = len(test[u][1])
+        for part, out in ((ex[:n_tr], tr), (ex[n_tr : n_tr + n_te], te)):
             x = np.asarray([e[0] for e in part], dtype).reshape(
                 -1, image_size, image_size, 3
             )
@@ -391,21 +412,30 @@ def load_shakespeare(
     train_fraction: float = 0.8,
     max_clients: int | None = None,
     x_dtype: Any = np.int32,
+    download: bool = False,
+    cache_dir: str | os.PathLike | None = None,
+    tfds_data_dir: str | os.PathLike | None = None,
     verify: bool = True,
     registry: Mapping[str, FileSpec] | None = None,
 ) -> FederatedData:
     """Shakespeare next-character prediction, one client per speaking role.
 
-    Sources (``"auto"`` prefers LEAF):
+    Sources (``"auto"``: LEAF if present, else the tiny text):
       * ``"leaf"``: LEAF json in ``<data_dir>/shakespeare_leaf/{train,test}/``
         (``x``: 80-char strings, ``y``: next char); not shipped, so no hash is
         known: pass ``verify=False``.
-      * ``"tiny"``: ``tinyshakespeare/input.txt`` (a subset of the complete works,
-        no play boundaries: a role name used in several plays is one client).
-        Each role's text becomes sliding windows of ``seq_len`` characters; as
-        in LEAF's ``split_data``, the first ``max(1, int(train_fraction * n))``
-        windows train and test starts ``seq_len - 1`` windows later, and roles
-        without a test window are dropped.
+      * ``"tiny"``: ``tinyshakespeare/input.txt`` in the data dir, else in the
+        download cache; ``download=True`` fetches it (karpathy/char-rnn, the
+        URL TFDS uses) and checks its sha256 first.
+      * ``"tfds"``: a prepared TFDS ``tiny_shakespeare``; its train, validation
+        and test splits are consecutive pieces of the same ``input.txt``, so they
+        are joined back and checked against that file's sha256.
+
+    The tiny text is a subset of the complete works with no play boundaries (a
+    role name used in several plays is one client). Each role's text becomes
+    sliding windows of ``seq_len`` characters; as in LEAF's ``split_data``, the
+    first ``max(1, int(train_fraction * n))`` windows train and test starts
+    ``seq_len - 1`` windows later, and roles without a test window are dropped.
 
     Args:
       max_clients: keep the first roles (by first appearance / file order).
@@ -415,18 +445,38 @@ def load_shakespeare(
       ``x [n, seq_len]`` char ids in LEAF's 80-character vocabulary
       (:data:`LEAF_SHAKESPEARE_VOCAB`; characters outside it become ' '),
       ``y [n]`` int32 id of the next character.
+
+    Raises:
+      DatasetError: the file is missing (naming where to get it), fails its
+        hash check, or no role has enough text.
     """
-    if source not in ("auto", "leaf", "tiny"):
-        raise ValueError(f"source: must be 'auto', 'leaf' or 'tiny', got {source!r}")
+    if source not in ("auto", "leaf", "tiny", "tfds"):
+        raise ValueError(
+            f"source: must be 'auto', 'leaf', 'tiny' or 'tfds', got {source!r}"
+        )
     if not 0 < train_fraction < 1:
         raise ValueError(f"train_fraction: must be in (0, 1), got {train_fraction}")
-    root = resolve_data_dir(data_dir)
-    leaf = root / "shakespeare_leaf"
-    if source == "leaf" or (source == "auto" and (leaf / "train").is_dir()):
+    env = data_dir if data_dir is not None else os.environ.get(DATA_DIR_ENV)
+    has_leaf = (
+        bool(env) and (Path(env).expanduser() / "shakespeare_leaf" / "train").is_dir()
+    )
+    if source == "leaf" or (source == "auto" and has_leaf):
+        root = resolve_data_dir(data_dir)
         return _shakespeare_leaf(root, max_clients, x_dtype, verify, registry)
-    text = read_verified(
-        root, "tinyshakespeare/input.txt", verify=verify, registry=registry
-    ).decode("utf-8", "replace")
+    if source == "tfds":
+        text, where = _tiny_shakespeare_tfds(tfds_data_dir, verify, registry), "TFDS"
+    else:
+        root = locate(
+            [TINY_SHAKESPEARE],
+            data_dir,
+            download=download,
+            cache_dir=cache_dir,
+            registry=registry,
+        )
+        where = str(root / TINY_SHAKESPEARE)
+        text = read_verified(
+            root, TINY_SHAKESPEARE, verify=verify, registry=registry
+        ).decode("utf-8", "replace")
     ids, tr, te = [], [], []
     for role, role_text in shakespeare_roles(text).items():
         w = _windows(encode_chars(role_text), seq_len, train_fraction, x_dtype)
@@ -438,8 +488,31 @@ def load_shakespeare(
         if max_clients is not None and len(ids) >= max_clients:
             break
     if not ids:
-        raise DatasetError(f"{root}/tinyshakespeare/input.txt: no role has enough text")
+        raise DatasetError(f"{where} tiny_shakespeare: no role has enough text")
     return from_client_arrays(tr, None, te, ids)
+
+
+def _tiny_shakespeare_tfds(data_dir, verify: bool, registry) -> str:
+    """TFDS ``tiny_shakespeare``'s three splits joined: karpathy's input.txt."""
+    from ._loaders import tfds_source
+
+    parts = []
+    for split in ("train", "validation", "test"):
+        src = tfds_source("tiny_shakespeare", split, data_dir)
+        for i in range(len(src)):
+            t = src[i]["text"]
+            t = t if isinstance(t, (bytes, str)) else np.asarray(t).item()
+            parts.append(t.decode("utf-8") if isinstance(t, bytes) else t)
+    text = "".join(parts)
+    if verify:
+        spec = (REGISTRY if registry is None else registry).get(TINY_SHAKESPEARE)
+        problem = "no known hash" if spec is None else _check(text.encode(), None, spec)
+        if problem:
+            raise DatasetError(
+                "TFDS tiny_shakespeare: its splits joined are not the expected "
+                f"{TINY_SHAKESPEARE} ({problem}); pass verify=False to use it anyway"
+            )
+    return text
 
 
 def _shakespeare_leaf(root: Path, max_clients, x_dtype, verify, registry):

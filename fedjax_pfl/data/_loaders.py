@@ -257,6 +257,7 @@ def safe_unpickle(data: bytes, name: str = "<pickle>") -> Any:
         AttributeError,
         IndexError,
         KeyError,
+        RecursionError,  # absurdly nested containers
     ) as e:
         raise DatasetError(f"{name}: refused or corrupt pickle ({e})") from e
 
@@ -422,6 +423,9 @@ def load_tfds_arrays(
     """``(x_train, y_train, x_test, y_test)`` from a prepared TFDS dataset.
 
     E.g. ``load_tfds_arrays("cifar10")``, ``"mnist"`` or ``"fashion_mnist"``.
+    Images keep TFDS's shapes: ``[n, 28, 28, 1]`` for (Fashion-)MNIST, where the
+    IDX loaders return ``[n, 28, 28]``; ``[n, 32, 32, 3]`` for CIFAR-10, as
+    :func:`load_cifar10` does.
     """
     out = []
     for split in splits:

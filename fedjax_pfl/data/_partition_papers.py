@@ -332,7 +332,7 @@ def fedplus_mnist(
     x = x.astype(np.float32) / (255.0 if np.issubdtype(x.dtype, np.integer) else 1.0)
     rng = np.random.default_rng(seed)
     parts = iid_indices(len(y), num_clients, seed=seed)
-    n_neg = int(round(negate_fraction * num_clients))
+    n_neg = round(negate_fraction * num_clients)
     negated = np.zeros(num_clients, bool)
     negated[rng.choice(num_clients, n_neg, replace=False)] = True
     k = noisy_classes_per_client if personal else 0

@@ -202,7 +202,8 @@ ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db 47040016 mnist/
 65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5 60008 mnist/train-labels-idx1-ubyte.gz
 """
 
-# md5 of the CIFAR-10 python batches and archive (cs.toronto.edu; torchvision).
+# md5 of the CIFAR-10 python batches (cs.toronto.edu; torchvision): the only digests
+# published for them. The archive itself is checked by sha256 (Keras' file_hash).
 _CIFAR_MD5 = {
     "data_batch_1": "c99cafc152244af753f735de768cd75f",
     "data_batch_2": "d4bba439e000b95fd0a9bffe97cbabec",
@@ -214,6 +215,7 @@ _CIFAR_MD5 = {
 CIFAR_BATCH_DIR = "cifar10/cifar-10-batches-py"
 CIFAR_ARCHIVE = "cifar10/cifar-10-python.tar.gz"
 CIFAR_ARCHIVE_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
+TINY_SHAKESPEARE = "tinyshakespeare/input.txt"
 
 
 def _parse_table(text: str, kind: str) -> dict[str, FileSpec]:
@@ -231,7 +233,11 @@ REGISTRY: dict[str, FileSpec] = {
         f"{CIFAR_BATCH_DIR}/{k}": FileSpec(v, None, "md5")
         for k, v in _CIFAR_MD5.items()
     },
-    CIFAR_ARCHIVE: FileSpec("c58f30108f718f92721af3b95e74349a", None, "md5"),
+    CIFAR_ARCHIVE: FileSpec(
+        "6d958be074577803d12ecdefd02955f39262c83c16fe9348329d7fe0b5c001ce",
+        170_498_071,
+        "sha256",
+    ),  # md5 c58f30108f718f92721af3b95e74349a
 }
 """Expected content of every known file, keyed by path relative to the data dir."""
 
@@ -251,6 +257,8 @@ DOWNLOAD_URLS: dict[str, str] = {
         for n in _IDX_NAMES
     },
     CIFAR_ARCHIVE: CIFAR_ARCHIVE_URL,
+    TINY_SHAKESPEARE: "https://raw.githubusercontent.com/karpathy/char-rnn/master/"
+    "data/tinyshakespeare/input.txt",  # the URL (and sha256) TFDS uses
 }
 """Public URLs for ``download=True`` (path relative to the cache dir -> URL)."""
 
@@ -329,9 +337,12 @@ DATASETS: dict[str, DatasetInfo] = {
             "shakespeare",
             "tinyshakespeare",
             {"tiny": ("tinyshakespeare/input.txt",)},
-            "one client per speaking role, next-char prediction (LEAF vocab, len 80)",
-            "github.com/karpathy/char-rnn data/tinyshakespeare/input.txt, or LEAF "
-            "data/shakespeare json in shakespeare_leaf/{train,test}/ (verify=False)",
+            "one client per speaking role (tiny: 299 roles, 183 with a test "
+            "window), next-char prediction, LEAF 80-char vocab, len 80",
+            "load_shakespeare(download=True), TFDS 'tiny_shakespeare' "
+            "(source='tfds'), or github.com/karpathy/char-rnn "
+            "data/tinyshakespeare/input.txt; or LEAF data/shakespeare json in "
+            "shakespeare_leaf/{train,test}/ (verify=False)",
         ),
     )
 }
@@ -502,6 +513,8 @@ def locate(
             return root
     if not download:
         where = " or ".join(str(r) for r in roots)
+        if not env:
+            where += f" (no data_dir given and ${DATA_DIR_ENV} is not set)"
         raise DatasetError(
             f"missing {', '.join(files)} under {where}. {_obtain_hint(files[0])}"
         )
@@ -518,36 +531,62 @@ def dataset_status(
     *,
     verify: bool = True,
     registry: Mapping[str, FileSpec] | None = None,
+    cache_dir: str | os.PathLike | None = None,
 ) -> list[dict[str, Any]]:
     """One row per known dataset: files found and verified, size, how to obtain it.
 
+    Each dataset is looked up in the data dir, then in the download cache (where
+    ``download=True`` puts files and where the loaders look next); the better of
+    the two is reported (``dir`` says which).
+
     Args:
-      data_dir: defaults to ``$FEDJAX_PFL_DATA_DIR``.
+      data_dir: defaults to ``$FEDJAX_PFL_DATA_DIR``; with neither, only the
+        cache is searched (and each missing row says so).
       verify: hash every file (reads all of them, ~200 MB); ``False`` checks
         presence and size only.
+      cache_dir: defaults to :func:`default_cache_dir`.
 
     Returns:
       dicts with ``name, dir, layout, status ("ok", "missing", "partial",
       "corrupt"), found, verified, expected, bytes, summary, problems, obtain``.
     """
-    root = resolve_data_dir(data_dir)
     registry = REGISTRY if registry is None else registry
+    env = data_dir if data_dir is not None else os.environ.get(DATA_DIR_ENV)
+    roots = [Path(env).expanduser()] if env else []
+    cache = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
+    if cache.is_dir() or not roots:
+        roots.append(cache)
     rows = []
     for d in DATASETS.values():
         best = None
-        for layout, files in d.layouts.items():
-            row = _layout_status(root, d, layout, files, verify, registry)
-            if best is None or (row["verified"], row["found"]) > (
-                best["verified"],
-                best["found"],
-            ):
+        for root in roots:
+            row = _dataset_row(root, d, verify, registry)
+            if best is None or _rank(row) > _rank(best):
                 best = row
-        images = root / d.subdir / "img_align_celeba"
-        if d.name == "celeba" and best["status"] == "ok" and not images.is_dir():
-            best["status"] = "partial"
-            best["problems"].append("images: img_align_celeba/ not found")
+        if not env:
+            best["problems"].append(
+                f"no data_dir given and ${DATA_DIR_ENV} is not set: searched "
+                "the download cache only"
+            )
         rows.append(best)
     return rows
+
+
+def _rank(row: Mapping[str, Any]) -> tuple[int, int]:
+    return row["verified"], row["found"]
+
+
+def _dataset_row(root: Path, d: DatasetInfo, verify, registry) -> dict[str, Any]:
+    best = None
+    for layout, files in d.layouts.items():
+        row = _layout_status(root, d, layout, files, verify, registry)
+        if best is None or _rank(row) > _rank(best):
+            best = row
+    images = root / d.subdir / "img_align_celeba"
+    if d.name == "celeba" and best["status"] == "ok" and not images.is_dir():
+        best["status"] = "partial"
+        best["problems"].append("images: img_align_celeba/ not found")
+    return best
 
 
 def _layout_status(root, d, layout, files, verify, registry) -> dict[str, Any]:
@@ -626,18 +665,25 @@ def format_dataset_status(rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 def memory_summary(data: Any) -> dict[str, Any]:
-    """Bytes held by a :class:`FederatedData` vs a ``[clients, max_count]`` padding.
+    """Bytes held by a :class:`FederatedData` vs its raw examples and a padding.
 
     Returns:
-      ``num_clients``, per-split ``examples``, ``nbytes`` (flat storage),
-      ``padded_nbytes`` and ``padding_factor`` (padded / flat, over x and y).
+      ``num_clients``; per-split ``examples``; ``raw_nbytes``, the bytes of the
+      examples themselves (every split's ``x`` and ``y``, no per-client
+      structure); ``nbytes``, what the container holds (flat storage plus
+      offsets, counts and key ids); ``overhead_factor = nbytes / raw_nbytes``
+      (~1: nothing is padded); ``padded_nbytes``, what a ``[clients, max_count]``
+      padded layout would need; ``padding_factor = padded_nbytes / raw_nbytes``.
     """
-    flat = sum(int(s.x.nbytes) + int(s.y.nbytes) for s in data.splits().values())
+    raw = sum(int(s.x.nbytes) + int(s.y.nbytes) for s in data.splits().values())
+    nbytes = data.nbytes() + int(data.key_ids.nbytes)
     padded = data.padded_nbytes()
     return {
         "num_clients": data.num_clients,
         "examples": {k: s.num_examples for k, s in data.splits().items()},
-        "nbytes": data.nbytes(),
+        "raw_nbytes": raw,
+        "nbytes": nbytes,
+        "overhead_factor": nbytes / max(raw, 1),
         "padded_nbytes": padded,
-        "padding_factor": padded / max(flat, 1),
+        "padding_factor": padded / max(raw, 1),
     }

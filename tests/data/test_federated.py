@@ -21,7 +21,7 @@ def test_flat_storage_is_o_total_examples():
     assert d.train.max_count == 1378 and d.train.min_count == 31
     np.testing.assert_array_equal(d.train.offsets, np.cumsum([0] + sizes[:-1]))
     assert d.nbytes() < d.padded_nbytes() / 2
-    x2, y2 = d.train.client(2)
+    x2, _y2 = d.train.client(2)
     np.testing.assert_array_equal(x2, _clients(sizes)[2][0])
     np.testing.assert_array_equal(np.asarray(d.train.client_of_row)[31:33], [1, 1])
 

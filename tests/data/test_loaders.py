@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import gzip
 import hashlib
 import io
@@ -9,6 +10,8 @@ import json
 import lzma
 import os
 import pickle
+import re
+import shutil
 import sys
 import tarfile
 import types
@@ -18,8 +21,13 @@ import numpy as np
 import pytest
 
 from fedjax_pfl import data as D
-from fedjax_pfl.data import _loaders, _registry
-from fedjax_pfl.data._registry import CIFAR_ARCHIVE, CIFAR_BATCH_DIR, FileSpec
+from fedjax_pfl.data import _leaf, _loaders, _registry
+from fedjax_pfl.data._registry import (
+    CIFAR_ARCHIVE,
+    CIFAR_BATCH_DIR,
+    TINY_SHAKESPEARE,
+    FileSpec,
+)
 
 REAL = os.environ.get("FEDJAX_PFL_DATA_DIR")
 real = pytest.mark.skipif(not REAL, reason="FEDJAX_PFL_DATA_DIR not set")
@@ -71,14 +79,20 @@ def _gz_json(path: Path, obj) -> None:
 # ---------------------------------------------------------------- IDX + hash checks
 
 
-def test_mnist_tiny_roundtrip(tmp_path):
-    arrays = _write_idx_dataset(tmp_path)
+@pytest.mark.parametrize(
+    "loader, subdir",
+    [(D.load_mnist, "mnist"), (D.load_fashion_mnist, "fashion_mnist")],
+)
+def test_idx_tiny_roundtrip(tmp_path, loader, subdir):
+    arrays = _write_idx_dataset(tmp_path, subdir)
+    other = "mnist" if subdir == "fashion_mnist" else "fashion_mnist"
+    _write_idx_dataset(tmp_path, other, n_train=2, n_test=1)  # must not be read
     reg = _registry_of(tmp_path)
-    out = D.load_mnist(tmp_path, registry=reg)
+    out = loader(tmp_path, registry=reg)
     for got, want in zip(out, arrays):
         np.testing.assert_array_equal(got, want)
     assert out[0].dtype == np.uint8 and out[1].dtype == np.int32
-    xf = D.load_mnist(tmp_path, as_float=True, verify=False)[0]
+    xf = loader(tmp_path, as_float=True, verify=False)[0]
     assert xf.dtype == np.float32 and xf.max() <= 1.0
     np.testing.assert_allclose(xf * 255, arrays[0], atol=1e-4)
 
@@ -179,18 +193,23 @@ def test_cifar_pickle_batches(tmp_path):
     assert chw.shape == (20, 3, 32, 32)
 
 
-def test_cifar_npy_layout(tmp_path):
+def _cifar_npy_tiny(root: Path):
     rng = np.random.default_rng(2)
-    (tmp_path / "cifar10").mkdir()
+    (root / "cifar10").mkdir(parents=True)
     want = []
     for s, n in (("train", 6), ("test", 2)):
         x = rng.integers(0, 256, (n, 3, 32, 32), dtype=np.uint8)
         y = rng.integers(0, 10, n).astype(np.uint8)
         buf = io.BytesIO()
         np.save(buf, x)
-        (tmp_path / f"cifar10/{s}_x.npy.xz").write_bytes(lzma.compress(buf.getvalue()))
-        np.save(tmp_path / f"cifar10/{s}_y.npy", y)
+        (root / f"cifar10/{s}_x.npy.xz").write_bytes(lzma.compress(buf.getvalue()))
+        np.save(root / f"cifar10/{s}_y.npy", y)
         want += [x.transpose(0, 2, 3, 1), y]
+    return want
+
+
+def test_cifar_npy_layout(tmp_path):
+    want = _cifar_npy_tiny(tmp_path)
     got = D.load_cifar10(tmp_path, registry=_registry_of(tmp_path))
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
@@ -313,12 +332,18 @@ def test_vehicle_holdout_is_seeded(tmp_path):
     b = D.load_vehicle(tmp_path, test_fraction=0.25, seed=1, registry=reg)
     c = D.load_vehicle(tmp_path, test_fraction=0.25, seed=2, registry=reg)
     assert a.num_clients == 3 and a.train.x.shape[1:] == (100,)
-    assert a.train.num_examples + a.test.num_examples == 40
+    assert a.train.num_examples + a.val.num_examples + a.test.num_examples == 40
     np.testing.assert_array_equal(a.test.x, b.test.x)
+    # Default: the Ditto paper's 72/8/20 per vehicle (floor for val and test).
+    d = D.load_vehicle(tmp_path, registry=reg)
+    assert np.asarray(d.val.counts).tolist() == [0, 0, 1]
+    assert np.asarray(d.test.counts).tolist() == [1, 2, 4]
     assert not np.array_equal(a.test.x, c.test.x)
     assert set(np.unique(a.train.y).tolist()) <= {-1, 1}
-    z = D.load_vehicle(tmp_path, labels="01", verify=False, test_fraction=0.0)
-    assert z.test is None and set(np.unique(z.train.y).tolist()) <= {0, 1}
+    z = D.load_vehicle(
+        tmp_path, labels="01", verify=False, test_fraction=0.0, val_fraction=0.0
+    )
+    assert z.test is None and z.val is None and set(np.unique(z.train.y).tolist()) <= {0, 1}
     with pytest.raises(ValueError, match="test_fraction"):
         D.load_vehicle(tmp_path, test_fraction=1.0, verify=False)
 
@@ -488,7 +513,11 @@ def test_status_and_memory(tmp_path):
         [(np.zeros((1, 2)), np.zeros(1, int)), (np.zeros((9, 2)), np.zeros(9, int))]
     )
     m = D.memory_summary(fd)
-    assert m["num_clients"] == 2 and m["padded_nbytes"] > m["nbytes"] - 100
+    assert m["num_clients"] == 2 and m["examples"] == {"train": 10}
+    assert m["raw_nbytes"] == 10 * (2 * 4 + 4)  # float32 x [10, 2], int32 y
+    assert m["nbytes"] == m["raw_nbytes"] + 3 * 2 * 4  # offsets, counts, key ids
+    assert m["overhead_factor"] == pytest.approx(144 / 120)
+    assert m["padded_nbytes"] == 2 * 9 * 12  # two clients padded to 9 rows
     assert m["padding_factor"] == pytest.approx(18 * 12 / (10 * 12))
 
 
@@ -510,14 +539,42 @@ def test_real_femnist_counts():
     assert fd.num_clients == 300
     assert fd.train.num_examples == 41_202 and fd.test.num_examples == 4_730
     assert int(fd.train.y.max()) <= 61 and float(fd.train.x.max()) <= 1.0
-    assert D.memory_summary(fd)["padding_factor"] > 1.0
+    # writers.tsv: 320 rows, 20 of them `duplicate_of:` rows that must be skipped;
+    # each writer's counts are those of its primary row (its other LEAF run
+    # split the same writer differently).
+    with open(Path(REAL) / "femnist_leaf/writers.tsv") as f:
+        rows = list(csv.DictReader(f, delimiter="\t"))
+    assert len(rows) == 320
+    primary = {r["writer"]: r for r in rows if r["status"] == "primary"}
+    dups = [r for r in rows if r["status"].startswith("duplicate_of:")]
+    assert len(primary) == 300 and len(dups) == 20
+    assert fd.client_ids == tuple(r["writer"] for r in rows if r["status"] == "primary")
+    want_tr = [int(primary[w]["n_train"]) for w in fd.client_ids]
+    want_te = [int(primary[w]["n_test"]) for w in fd.client_ids]
+    assert np.asarray(fd.train.counts).tolist() == want_tr
+    assert np.asarray(fd.test.counts).tolist() == want_te
+    assert any(
+        (int(d["n_train"]), int(d["n_test"]))
+        != (int(primary[d["writer"]]["n_train"]), int(primary[d["writer"]]["n_test"]))
+        for d in dups
+    )  # so loading a duplicate row instead would change the counts above
+    # Memory: flat storage, nothing padded (the largest writer is ~2x the mean).
+    m = D.memory_summary(fd)
+    assert m["raw_nbytes"] == (41_202 + 4_730) * (784 * 4 + 4)
+    assert m["overhead_factor"] < 1.001 and m["padding_factor"] > 2.0
 
 
 @real
 def test_real_vehicle_counts():
-    fd = D.load_vehicle(test_fraction=0.2, seed=0)
+    fd = D.load_vehicle(seed=0)  # 72/8/20 hold-out of Ditto's train file
     assert fd.num_clients == 23 and fd.train.x.shape[1:] == (100,)
-    assert fd.train.num_examples + fd.test.num_examples == 1_860
+    total = fd.train.num_examples + fd.val.num_examples + fd.test.num_examples
+    assert total == 1_860
+    sizes = np.asarray(fd.train.counts) + np.asarray(fd.val.counts)
+    sizes = sizes + np.asarray(fd.test.counts)
+    # Ditto's create_dataset.py: int(lognormal(3, 1.2)) + 5 rows, seed 666 + i.
+    want = [int(np.random.RandomState(666 + i).lognormal(3, 1.2)) + 5 for i in range(23)]
+    assert sizes.tolist() == want
 
 
 @real
@@ -580,3 +637,283 @@ def test_real_status_quick():
     ):
         assert rows[name]["status"] == "ok", rows[name]
     assert rows["femnist"]["expected"] == 121
+
+
+# ---------------------------------------------------------------- every loader: damage
+
+
+def _shakespeare_tiny(root: Path) -> None:
+    (root / "tinyshakespeare").mkdir(parents=True, exist_ok=True)
+    (root / TINY_SHAKESPEARE).write_text(_PLAY)
+
+
+def _load_celeba(root, **kw):
+    pytest.importorskip("PIL")
+    return D.load_celeba(root, image_size=8, **kw)
+
+
+# name -> (writer of tiny files, the file to damage, loader)
+_DAMAGE_CASES = {
+    "femnist_json": (
+        _femnist_tiny,
+        "femnist_leaf/runA/test/all_data_0_niid_05_keep_0_test_9.json.gz",
+        D.load_femnist,
+    ),
+    "femnist_manifest": (_femnist_tiny, "femnist_leaf/writers.tsv", D.load_femnist),
+    "vehicle": (_vehicle_tiny, "vehicle_ditto/train/mytrain.json.gz", D.load_vehicle),
+    "celeba": (
+        _celeba_tiny,
+        "celeba_leaf_ditto/train/all_data_niid_1_keep_25_train_8.json.gz",
+        _load_celeba,
+    ),
+    "shakespeare": (
+        _shakespeare_tiny,
+        TINY_SHAKESPEARE,
+        lambda root, **kw: D.load_shakespeare(root, seq_len=10, **kw),
+    ),
+    "cifar_pickle": (_cifar_tiny, f"{CIFAR_BATCH_DIR}/data_batch_3", D.load_cifar10),
+    "cifar_npy": (_cifar_npy_tiny, "cifar10/train_x.npy.xz", D.load_cifar10),
+}
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "wrong_hash"])
+@pytest.mark.parametrize("case", sorted(_DAMAGE_CASES))
+def test_damaged_file_gives_clear_error(tmp_path, case, damage):
+    write, rel, load = _DAMAGE_CASES[case]
+    if case == "celeba":
+        pytest.importorskip("PIL")
+    write(tmp_path)
+    reg = _registry_of(tmp_path)
+    load(tmp_path, registry=reg)  # intact: loads
+    f = tmp_path / rel
+    data = f.read_bytes()
+    if damage == "truncate":
+        f.write_bytes(data[: len(data) // 2])
+    elif damage == "flip":  # same size, one bit changed
+        mid = len(data) // 2
+        f.write_bytes(data[:mid] + bytes([data[mid] ^ 0x10]) + data[mid + 1 :])
+    else:  # intact file, registry expects other content
+        reg[rel] = FileSpec(hashlib.sha256(b"other").hexdigest(), len(data), "sha256")
+    with pytest.raises(D.DatasetError) as e:
+        load(tmp_path, registry=reg)
+    msg = str(e.value)
+    assert Path(rel).name in msg  # names the file ...
+    assert "not the expected version" in msg and "Obtain" in msg  # ... and its source
+    if damage == "truncate" and case not in ("shakespeare", "femnist_manifest"):
+        # Even unverified, a truncated container or json is refused by name.
+        with pytest.raises(D.DatasetError, match=re.escape(Path(rel).name)):
+            load(tmp_path, verify=False)
+
+
+def test_unpickler_refuses_deep_nesting():
+    depth = 100_000  # ']' pushes a list, 'a' appends; far past the recursion limit
+    payload = b"\x80\x02" + b"]" * depth + b"a" * (depth - 1) + b"."
+    with pytest.raises(D.DatasetError, match="refused or corrupt"):
+        D.safe_unpickle(payload)
+
+
+# ---------------------------------------------------------------- TFDS sources (fake)
+
+
+def _fake_tfds(monkeypatch, datasets):
+    """A stand-in ``tensorflow_datasets`` whose data_source serves ``datasets``."""
+    calls = []
+
+    def data_source(name, split, data_dir, download):
+        calls.append((name, split, data_dir, download))
+        if (name, split) not in datasets:
+            raise FileNotFoundError(f"{name}/{split} is not prepared")
+        return datasets[(name, split)]
+
+    monkeypatch.setitem(
+        sys.modules, "tensorflow_datasets", types.SimpleNamespace(data_source=data_source)
+    )
+    return calls
+
+
+def _celeb_example(identity: int, value: int):
+    return {
+        "image": np.full((218, 178, 3), value, np.uint8),
+        "identity": {"Identity_No": np.int64(identity)},
+        "attributes": {"Smiling": np.bool_(value % 2), "Male": np.bool_(True)},
+        "landmarks": {"nose_x": np.int64(0)},
+    }
+
+
+def test_celeba_tfds_source(tmp_path, monkeypatch):
+    pytest.importorskip("PIL")
+    shutil.rmtree(_celeba_tiny(tmp_path))  # partition only: "10" 3/1, "20" 2/1
+    # identity 10 has 6 images, 20 has 3, 7 is not in the partition.
+    exs = [_celeb_example(10, v) for v in range(1, 7)]
+    exs += [_celeb_example(20, v) for v in (11, 12, 13)]
+    exs += [_celeb_example(7, v) for v in (21, 22)]
+    order = np.random.default_rng(0).permutation(len(exs))
+    exs = [exs[i] for i in order]
+    calls = _fake_tfds(
+        monkeypatch,
+        {
+            ("celeb_a", "train"): exs[:6],
+            ("celeb_a", "validation"): exs[6:8],
+            ("celeb_a", "test"): exs[8:],
+        },
+    )
+    reg = {k: v for k, v in _registry_of(tmp_path).items() if k.endswith(".gz")}
+    fd = D.load_celeba(tmp_path, registry=reg, image_size=8, tfds_data_dir="/t")
+    assert {c[:2] for c in calls} == {
+        ("celeb_a", s) for s in ("train", "validation", "test")
+    }
+    assert all(c[2] == "/t" and c[3] is False for c in calls)
+    assert fd.client_ids == ("10", "20")
+    assert np.asarray(fd.train.counts).tolist() == [3, 2]  # LEAF's sizes
+    assert np.asarray(fd.test.counts).tolist() == [1, 1]  # extra images left out
+    assert fd.train.x.shape[1:] == (8, 8, 3)
+    for c, allowed in ((0, set(range(1, 7))), (1, {11, 12, 13})):
+        xs, ys = zip(fd.train.client(c), fd.test.client(c))
+        x, y = np.concatenate(xs), np.concatenate(ys)
+        v = x.reshape(len(x), -1)[:, 0].astype(int)
+        assert set(v) <= allowed and len(set(v)) == len(v)  # own images, no repeat
+        np.testing.assert_array_equal(y, v % 2)  # label of that very image
+    again = D.load_celeba(tmp_path, registry=reg, image_size=8, tfds_data_dir="/t")
+    np.testing.assert_array_equal(np.asarray(again.test.x), np.asarray(fd.test.x))
+
+
+def test_celeba_auto_without_images_or_prepared_tfds(tmp_path, monkeypatch):
+    pytest.importorskip("PIL")
+    shutil.rmtree(_celeba_tiny(tmp_path))
+    _fake_tfds(monkeypatch, {})  # installed, but celeb_a was never prepared
+    with pytest.raises(D.DatasetError, match="img_align_celeba.*TFDS.*celeb_a"):
+        D.load_celeba(tmp_path, verify=False)
+    with pytest.raises(D.DatasetError, match="celeb_a"):
+        D.load_celeba(tmp_path, verify=False, source="tfds")
+
+
+def _tfds_tiny_shakespeare_splits(text: str) -> dict:
+    # The TFDS builder's 90/5/5 cut of input.txt, one example per split.
+    i = int(len(text) * 0.9)
+    train, rest = text[:i], text[i:]
+    j = int(len(rest) * 0.5)
+    parts = {"train": train, "validation": rest[:j], "test": rest[j:]}
+    return {("tiny_shakespeare", k): [{"text": v.encode()}] for k, v in parts.items()}
+
+
+def test_shakespeare_tfds_source(tmp_path, monkeypatch):
+    _shakespeare_tiny(tmp_path)
+    reg = _registry_of(tmp_path)
+    want = D.load_shakespeare(tmp_path, seq_len=10, registry=reg)
+    _fake_tfds(monkeypatch, _tfds_tiny_shakespeare_splits(_PLAY))
+    got = D.load_shakespeare(source="tfds", seq_len=10, registry=reg)
+    assert got.client_ids == want.client_ids
+    np.testing.assert_array_equal(np.asarray(got.train.x), np.asarray(want.train.x))
+    np.testing.assert_array_equal(np.asarray(got.test.y), np.asarray(want.test.y))
+    _fake_tfds(monkeypatch, _tfds_tiny_shakespeare_splits(_PLAY.replace("famish", "starve")))
+    with pytest.raises(D.DatasetError, match="tiny_shakespeare.*not the expected"):
+        D.load_shakespeare(source="tfds", seq_len=10, registry=reg)
+    assert D.load_shakespeare(source="tfds", seq_len=10, verify=False).num_clients
+
+
+def test_shakespeare_download_via_file_url(tmp_path, monkeypatch):
+    mirror = tmp_path / "mirror"
+    _shakespeare_tiny(mirror)
+    reg = _registry_of(mirror)
+    monkeypatch.setitem(
+        _registry.DOWNLOAD_URLS, TINY_SHAKESPEARE, (mirror / TINY_SHAKESPEARE).as_uri()
+    )
+    empty, cache = tmp_path / "empty", tmp_path / "cache"
+    with pytest.raises(D.DatasetError, match=r"input\.txt.*download=True"):
+        D.load_shakespeare(empty, seq_len=10, cache_dir=cache, registry=reg)
+    got = D.load_shakespeare(
+        empty, seq_len=10, download=True, cache_dir=cache, registry=reg
+    )
+    want = D.load_shakespeare(mirror, seq_len=10, registry=reg)
+    np.testing.assert_array_equal(np.asarray(got.train.x), np.asarray(want.train.x))
+    assert (cache / TINY_SHAKESPEARE).is_file()
+    # Found again in the cache without download=True.
+    again = D.load_shakespeare(empty, seq_len=10, cache_dir=cache, registry=reg)
+    assert again.client_ids == want.client_ids
+    bad = {TINY_SHAKESPEARE: FileSpec("0" * 64, None, "sha256")}
+    with pytest.raises(D.DatasetError, match="rejected"):
+        D.load_shakespeare(
+            empty, download=True, cache_dir=tmp_path / "c2", registry=bad
+        )
+    assert not (tmp_path / "c2" / TINY_SHAKESPEARE).exists()
+
+
+def test_registry_has_download_hash_for_every_url():
+    for rel in _registry.DOWNLOAD_URLS:
+        spec = D.REGISTRY[rel]
+        assert spec.kind in ("sha256", "gunzip-sha256") and len(spec.digest) == 64
+
+
+# ---------------------------------------------------------------- status: cache, no dir
+
+
+def test_status_finds_downloaded_files_in_cache(tmp_path):
+    cache = tmp_path / "cache"
+    _write_idx_dataset(cache, "fashion_mnist")
+    reg = _registry_of(cache)
+    rows = {
+        r["name"]: r
+        for r in D.dataset_status(tmp_path / "data", registry=reg, cache_dir=cache)
+    }
+    assert rows["fashion_mnist"]["status"] == "ok"
+    assert rows["fashion_mnist"]["dir"].startswith(str(cache))
+    assert rows["mnist"]["status"] == "missing"
+
+
+def test_status_without_data_dir_is_a_listing_not_a_crash(
+    tmp_path, monkeypatch, capsys
+):
+    from fedjax_pfl.experiments._cli import main
+
+    monkeypatch.delenv(D.DATA_DIR_ENV, raising=False)
+    monkeypatch.setenv("FEDJAX_PFL_CACHE_DIR", str(tmp_path / "nocache"))
+    rows = D.dataset_status(verify=False)
+    assert {r["status"] for r in rows} == {"missing"}
+    assert all(D.DATA_DIR_ENV in "; ".join(r["problems"]) for r in rows)
+    assert main(["datasets"]) == 0
+    out = capsys.readouterr().out
+    assert "missing" in out and D.DATA_DIR_ENV in out and "obtain" in out
+
+
+# ---------------------------------------------------------------- more real files
+
+
+@real
+def test_real_celeba_partition_counts():
+    users, train, test = _leaf._celeba_partition(Path(REAL), True, None)
+    assert len(users) == 515 and len(set(users)) == 515
+    assert sum(len(train[u][1]) for u in users) == 9_060
+    assert sum(len(test[u][1]) for u in users) == 2_399
+    assert min(len(train[u][1]) for u in users) >= 1
+    names = [n for u in users for n in train[u][0] + test[u][0]]
+    assert len(set(names)) == len(names)  # no image in two places
+    assert all(re.fullmatch(r"\d{6}\.jpg", n) for n in names)
+    assert {y for u in users for y in train[u][1] + test[u][1]} == {0, 1}
+
+
+@real
+def test_real_celeba_with_images_if_present():
+    if not (Path(REAL) / "celeba_leaf_ditto/img_align_celeba").is_dir():
+        pytest.skip("CelebA images (img_align_celeba/) not in FEDJAX_PFL_DATA_DIR")
+    pytest.importorskip("PIL")
+    fd = D.load_celeba(max_clients=3, dtype=np.uint8)
+    assert fd.num_clients == 3 and fd.train.x.shape[1:] == (84, 84, 3)
+
+
+@real
+def test_real_shakespeare_all_roles():
+    text = (Path(REAL) / TINY_SHAKESPEARE).read_text()
+    roles = D.shakespeare_roles(text)
+    assert len(roles) == 299  # 309 headings; 10 ghosts/choruses have no lines
+    fd = D.load_shakespeare(x_dtype=np.uint8)
+    # A role is a client iff it has a test window after LEAF's seq_len - 1 gap.
+    def has_test(t):
+        n = len(t) - 80
+        return n >= 2 and max(1, int(0.8 * n)) + 79 < n
+    assert fd.client_ids == tuple(r for r, t in roles.items() if has_test(t))
+    assert fd.num_clients == 183
+    ids = D.encode_chars(roles[fd.client_ids[0]])
+    np.testing.assert_array_equal(fd.train.client(0)[0][0], ids[:80])
+    assert int(np.asarray(fd.train.y).max()) < 80
+    m = D.memory_summary(fd)
+    assert m["overhead_factor"] < 1.001 and m["padding_factor"] > 5

@@ -83,6 +83,9 @@ def test_ditto_fmnist_builds_on_real_images():
     assert d.train.num_examples + d.val.num_examples == 61_251
     assert d.test.num_examples == 11_254
     assert d.train.x.shape[1:] == (784,) and d.train.x.dtype == np.float32
+    m = fdata.memory_summary(d)
+    assert m["raw_nbytes"] == (61_251 + 11_254) * (784 * 4 + 4)
+    assert m["overhead_factor"] < 1.001 and m["padding_factor"] > 8
     mu = np.mean(x_tr.astype(np.float32), 0)
     sd = np.std(x_tr.astype(np.float32), 0)
     x0, _ = d.test.client(0)
@@ -105,6 +108,10 @@ def test_ditto_fmnist_end_to_end_small_features():
     total = 61_251 + 11_254
     assert p.train.num_examples + p.val.num_examples + p.test.num_examples == total
     np.testing.assert_allclose(np.mean(np.asarray(d.train.x), 0), 0.0, atol=0.1)
+    # 500 clients of 31..1,378 rows: flat storage, not padded to the largest.
+    m = fdata.memory_summary(d)
+    assert m["raw_nbytes"] == total * (3 * 4 + 4)  # float32 x [n, 3], int32 y
+    assert m["overhead_factor"] < 1.05 and m["padding_factor"] > 8
 
 
 # -------------------------------------------------------------------- Dirichlet
@@ -201,6 +208,36 @@ def test_lindt_mixed_group_sizes_and_matching_distributions():
     assert sizes.std() > 0.5 * sizes.mean()  # log-normal, far from equal
 
 
+# Table 8 (specs/lindt.md §4.2): std of the per-client data amount (mean 600).
+_LINDT_TABLE8_STD = {"non_iid_10": 572, "non_iid_5": 811, "non_iid_2": 855,
+                     "mixed": 732}
+
+
+@pytest.mark.parametrize("scheme", sorted(_LINDT_TABLE8_STD))
+def test_lindt_non_iid_classes_and_size_spread(scheme):
+    x_tr, y_tr, x_te, y_te = _cifar_like(per_class=(5000, 1000))  # CIFAR-10 sizes
+    ks = fdata.lindt_classes_per_client(scheme, 100)
+    if scheme != "mixed":
+        assert set(ks.tolist()) == {int(scheme.rsplit("_", 1)[1])}
+    stds = []
+    for seed in range(10):
+        d = fdata.lindt_cifar(x_tr, y_tr, x_te, y_te, scheme, seed=seed)
+        counts = np.asarray(d.train.counts) + np.asarray(d.test.counts)
+        stds.append(counts.std())
+        if seed:
+            continue
+        # every train/test row used exactly once (x holds the row index)
+        np.testing.assert_array_equal(np.sort(np.asarray(d.train.x)[:, 0]),
+                                      np.arange(len(y_tr)))
+        np.testing.assert_array_equal(np.sort(-np.asarray(d.test.x)[:, 0]),
+                                      np.arange(len(y_te)))
+        cut = np.cumsum(np.asarray(d.train.counts))[:-1]
+        held = [len(np.unique(y)) for y in np.split(np.asarray(d.train.y), cut)]
+        assert held == ks.tolist()  # exactly k classes per client
+    # log-normal sizes whose spread matches the paper's (sigma was fitted to it)
+    assert abs(np.median(stds) / _LINDT_TABLE8_STD[scheme] - 1) < 0.15
+
+
 def test_lindt_iid_equal_sizes():
     x_tr, y_tr, x_te, y_te = _cifar_like()
     d = fdata.lindt_cifar(x_tr, y_tr, x_te, y_te, "iid", num_clients=10)
@@ -252,7 +289,7 @@ def test_ditto_femnist_skewed_five_classes():
     for u in (0, 5, 61, 99):
         rows = np.concatenate([d.train.client(u)[1], d.test.client(u)[1],
                                d.val.client(u)[1]])
-        assert set(np.unique(rows)) <= {(u + j) % 62 for j in range(5)}
+        assert set(np.unique(rows)) == {(u + j) % 62 for j in range(5)}
         xs = np.concatenate([d.train.client(u)[0], d.test.client(u)[0],
                              d.val.client(u)[0]])
         assert len(np.unique(xs)) == len(xs)  # no row twice within a device
@@ -297,6 +334,11 @@ def _partitioners():
             x_tr, y_tr, x_te, y_te, "mixed", num_clients=20, seed=s),
         "lindt_iid": lambda s: fdata.lindt_cifar(
             x_tr, y_tr, x_te, y_te, "iid", num_clients=20, seed=s),
+        **{
+            f"lindt_{k}": (lambda s, k=k: fdata.lindt_cifar(
+                x_tr, y_tr, x_te, y_te, k, num_clients=20, seed=s))
+            for k in ("non_iid_10", "non_iid_5", "non_iid_2")
+        },
         "fedplus_mnist": lambda s: fdata.fedplus_mnist(x, y, 10, seed=s).data,
         "fedplus_regression": lambda s: fdata.fedplus_synthetic_regression(
             5, dim=20, seed=s).data,

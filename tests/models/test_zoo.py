@@ -114,7 +114,7 @@ def _lstm_reference(p, x):
     """PyTorch LSTM equations in NumPy, one layer."""
     h = np.zeros((x.shape[0], p["w_hh"].shape[0]))
     c = np.zeros_like(h)
-    sig = lambda v: 1 / (1 + np.exp(-v))  # noqa: E731
+    sig = lambda v: 1 / (1 + np.exp(-v))
     outs = []
     for t in range(x.shape[1]):
         g = x[:, t] @ p["w_ih"] + h @ p["w_hh"] + p["b_ih"] + p["b_hh"]
