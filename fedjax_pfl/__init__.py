@@ -2,6 +2,7 @@
 
 from . import aggregators as aggregators
 from . import algorithms as algorithms
+from . import attacks as attacks
 from . import core as core
 from . import data as data
 from . import metrics as metrics

@@ -9,21 +9,26 @@ References:
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from fedjax_pfl.aggregators import Aggregator, mean
+from fedjax_pfl.attacks import attack_update
 from fedjax_pfl.core._clients import (
     COHORT_MODES,
+    check_nonnegative,
     check_positive,
     client_keys,
+    is_concrete,
     lift,
     tree_broadcast,
 )
-from fedjax_pfl.core._local import local_train
+from fedjax_pfl.core._local import client_loss, local_train, prox_penalty
 from fedjax_pfl.core._round import EngineConfig, federated_round
 from fedjax_pfl.core._types import Algorithm, AlgorithmState, ClientResult, ModelView
 from fedjax_pfl.data._federated import SAMPLING_MODES
@@ -37,7 +42,8 @@ class LocalConfig(NamedTuple):
     num_steps: int
     batch_size: int
     sampling: str
-    unroll: int | bool
+    unroll: int | bool | None
+    epochs: float | None = None
 
 
 class ServerState(NamedTuple):
@@ -47,10 +53,16 @@ class ServerState(NamedTuple):
 
 
 def make_local_config(
-    client_lr, num_local_steps, batch_size, sampling, unroll
+    client_lr, num_local_steps, batch_size, sampling, unroll, epochs=None
 ) -> LocalConfig:
-    """Validates and bundles the local-training arguments."""
+    """Validates and bundles the local-training arguments.
+
+    ``epochs`` (``local_epochs``), when given, replaces the step count: client k
+    takes ``ceil(epochs * n_k / batch_size)`` steps (static bound from the largest
+    client; the extra steps of smaller clients are no-ops)."""
     check_positive("client_lr", client_lr)
+    if epochs is not None:
+        check_positive("local_epochs", epochs)
     if not isinstance(num_local_steps, int) or num_local_steps < 1:
         raise ValueError(
             f"num_local_steps: must be a positive integer, got {num_local_steps!r}"
@@ -59,11 +71,16 @@ def make_local_config(
         raise ValueError(f"batch_size: must be a positive integer, got {batch_size!r}")
     if sampling not in SAMPLING_MODES:
         raise ValueError(f"sampling: must be one of {SAMPLING_MODES}, got {sampling!r}")
-    if unroll is None:
-        # XLA:CPU runs matmuls/convs much faster outside while loops (measured in
-        # benchmarks/throughput.py); full unrolling costs compile time, so cap it.
-        unroll = jax.default_backend() == "cpu" and num_local_steps <= 32
-    return LocalConfig(client_lr, num_local_steps, batch_size, sampling, unroll)
+    if unroll is None and epochs is None:
+        unroll = default_unroll(num_local_steps)
+    return LocalConfig(client_lr, num_local_steps, batch_size, sampling, unroll,
+                       epochs)
+
+
+def default_unroll(num_steps: int) -> bool:
+    # XLA:CPU runs matmuls/convs much faster outside while loops (measured in
+    # benchmarks/throughput.py); full unrolling costs compile time, so cap it.
+    return jax.default_backend() == "cpu" and num_steps <= 32
 
 
 def check_cohort(cohort_size, cohort) -> None:
@@ -87,11 +104,18 @@ def resolve_cohort_size(cohort_size, cohort, num_clients) -> int:
 
 def run_local(model, params, data, cid, key, cfg: LocalConfig, penalty=None):
     """Local SGD on one client's training split with ``cfg``."""
+    steps, active, unroll = cfg.num_steps, None, cfg.unroll
+    if cfg.epochs is not None:
+        split = data.train
+        steps = max(1, math.ceil(cfg.epochs * split.max_count / cfg.batch_size))
+        active = jnp.maximum(1, jnp.ceil(
+            cfg.epochs * split.counts[cid] / cfg.batch_size)).astype(jnp.int32)
+        unroll = default_unroll(steps) if unroll is None else unroll
     return local_train(
         model, params, data.train, cid, key,
-        optimizer=optax.sgd(cfg.lr), num_steps=cfg.num_steps,
+        optimizer=optax.sgd(cfg.lr), num_steps=steps,
         batch_size=cfg.batch_size, sampling=cfg.sampling, penalty=penalty,
-        unroll=cfg.unroll,
+        unroll=unroll, active_steps=active,
     )
 
 
@@ -108,11 +132,81 @@ class _Deferred:
         return self._cache[n](state, data, key)
 
 
+ATTACK_TAG = 11  # fold_in tag of a client's attack randomness
+
+
+class GlobalSolver(NamedTuple):
+    """FedAvg's two halves, shared by every algorithm whose global model is
+    FedAvg's (Ditto, finetuning, ...).
+
+    Attributes:
+      init: ``key -> ServerState``.
+      client_update: ``(server, cid, key, data, cohort_size) -> ClientResult``
+        with ``client_state=()``: local SGD from ``w^t``, the upload
+        ``w_k - w^t`` (attacked if the client is malicious) and its weight.
+      server_fn: the engine's ``server_fn`` (aggregate, server optimizer step).
+      aggregator: the :class:`Aggregator` in use.
+    """
+
+    init: object
+    client_update: object
+    server_fn: object
+    aggregator: Aggregator
+
+
+def global_solver(model: Model, cfg: LocalConfig, *, aggregator: Aggregator,
+                  server_optimizer: optax.GradientTransformation,
+                  attack=None, malicious=None) -> GlobalSolver:
+    """Builds FedAvg's client update and server step (see :func:`fedavg`)."""
+    if attack is not None and malicious is None:
+        raise ValueError("malicious: an attack needs the [num_clients] bool mask of "
+                         "malicious clients")
+    mal = None if malicious is None else jnp.asarray(malicious, bool)
+
+    def init(key):
+        params = model.init(key)
+        return ServerState(params, server_optimizer.init(params),
+                           aggregator.init(params))
+
+    def client_update(server, cid, key, data, cohort_size):
+        w = server.params
+        w_k, loss = run_local(model, w, data, cid, key, cfg)
+        delta = jax.tree.map(jnp.subtract, w_k, w)
+        if attack is not None:
+            delta = attack_update(attack, jax.random.fold_in(key, ATTACK_TAG), delta,
+                                  mal[cid], cohort_size)
+        metrics = {"loss": loss}
+        if aggregator.needs_losses:
+            metrics["round_start_loss"] = client_loss(model, w, data.train, cid)
+        n = data.train.counts[cid].astype(jnp.float32)
+        return ClientResult((), delta, n, metrics)
+
+    def server_fn(server, updates, weights, mask, metrics, key):
+        delta, agg_state = aggregator.aggregate(
+            server.agg_state, updates, weights, mask, key,
+            losses=metrics.get("round_start_loss"))
+        pseudo_grad = jax.tree.map(jnp.negative, delta)
+        upd, opt_state = server_optimizer.update(pseudo_grad, server.opt_state,
+                                                 server.params)
+        params = optax.apply_updates(server.params, upd)
+        norm = optax.tree.norm(delta)
+        return ServerState(params, opt_state, agg_state), {"server/update_norm": norm}
+
+    return GlobalSolver(init, client_update, server_fn, aggregator)
+
+
+def check_malicious(malicious, num_clients) -> None:
+    if malicious is not None and np.shape(malicious) != (num_clients,):
+        raise ValueError(f"malicious: must have shape ({num_clients},) (one flag per "
+                         f"client), got {np.shape(malicious)}")
+
+
 def fedavg(
     model: Model,
     *,
     client_lr: float | jax.Array = 0.1,
     num_local_steps: int = 10,
+    local_epochs: float | None = None,
     batch_size: int = 32,
     cohort_size: int = 10,
     cohort: str = "uniform",
@@ -120,8 +214,11 @@ def fedavg(
     server_optimizer: optax.GradientTransformation | None = None,
     aggregator: Aggregator | None = None,
     weighted: bool = True,
+    attack=None,
+    malicious=None,
     finetune_steps: int = 0,
     finetune_lr: float | jax.Array | None = None,
+    finetune_lam: float | jax.Array = 0.0,
     engine: EngineConfig | None = None,
     unroll: int | bool | None = None,
 ) -> Algorithm:
@@ -134,84 +231,97 @@ def fedavg(
     ``w <- w + mean delta``, plain FedAvg).
 
     ``finetune_steps > 0`` adds a ``finetuned`` model to the evaluation: every
-    client finetunes the current global model on its own training data for that
-    many steps (global-then-finetune; the ``lam = 0`` case of Ditto's finetuning
-    solver).
+    client finetunes the current global model ``w`` on its own training data for
+    that many steps, minimizing ``F_k(v) + finetune_lam/2 ||v - w||^2``
+    (``finetune_lam = 0``: plain finetuning; ``> 0``: Ditto's finetuning solver,
+    Li et al. 2021 §3.2).
 
     Args:
       model: the model.
       client_lr: local SGD step size (may be a traced array, e.g. in ``sweep``).
       num_local_steps, batch_size, sampling: local training (see ``local_train``).
+      local_epochs: count local training in epochs instead of steps (client k
+        takes ``ceil(local_epochs * n_k / batch_size)`` steps).
       cohort_size, cohort: clients per round and how they are drawn.
       server_optimizer: optax transformation applied to ``-delta``.
       aggregator: overrides ``weighted`` with any :class:`Aggregator`.
-      finetune_steps, finetune_lr: global-then-finetune evaluation.
+      attack, malicious: an :class:`fedjax_pfl.attacks.UpdateAttack` applied to
+        the uploads of the clients flagged in the ``[num_clients]`` bool mask.
+      finetune_steps, finetune_lr, finetune_lam: finetuning evaluation.
       engine: execution strategy (vmap / lax.map / sharding).
       unroll: unroll local steps (default: on CPU).
     """
-    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll)
+    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll,
+                            local_epochs)
     check_cohort(cohort_size, cohort)
-    if not isinstance(finetune_steps, int) or finetune_steps < 0:
-        raise ValueError(
-            f"finetune_steps: must be a non-negative integer, got {finetune_steps!r}"
-        )
-    ft_cfg = cfg._replace(
-        lr=client_lr if finetune_lr is None else finetune_lr, num_steps=finetune_steps
-    )
-    if finetune_lr is not None:
-        check_positive("finetune_lr", finetune_lr)
-    server_opt = server_optimizer or optax.sgd(1.0)
-    agg = aggregator or mean(weighted=weighted)
+    ft_cfg = make_finetune_config(cfg, finetune_steps, finetune_lr, finetune_lam)
     engine = engine or EngineConfig()
+    solver = global_solver(model, cfg, aggregator=aggregator or mean(weighted=weighted),
+                           server_optimizer=server_optimizer or optax.sgd(1.0),
+                           attack=attack, malicious=malicious)
 
     def init(key, data):
-        params = model.init(key)
-        return AlgorithmState(
-            ServerState(params, server_opt.init(params), agg.init(params)),
-            (),
-            jnp.zeros((), jnp.int32),
-        )
-
-    def client_fn(server, client_state, cid, key, data):
-        w = server.params
-        w_k, loss = run_local(model, w, data, cid, key, cfg)
-        delta = jax.tree.map(jnp.subtract, w_k, w)
-        n = data.train.counts[cid].astype(jnp.float32)
-        return ClientResult(client_state, delta, n, {"loss": loss})
-
-    def server_fn(server, updates, weights, mask, metrics, key):
-        delta, agg_state = agg.aggregate(server.agg_state, updates, weights, mask, key)
-        pseudo_grad = jax.tree.map(jnp.negative, delta)
-        upd, opt_state = server_opt.update(pseudo_grad, server.opt_state, server.params)
-        params = optax.apply_updates(server.params, upd)
-        norm = optax.tree.norm(delta)
-        return ServerState(params, opt_state, agg_state), {"server/update_norm": norm}
+        check_malicious(malicious, data.num_clients)
+        return AlgorithmState(solver.init(key), (), jnp.zeros((), jnp.int32))
 
     def build(num_clients):
+        check_malicious(malicious, num_clients)
         m = resolve_cohort_size(cohort_size, cohort, num_clients)
-        return federated_round(client_fn, server_fn, cohort_size=m, cohort=cohort,
-                               engine=engine, linear_weights=agg.linear_weights)
+
+        def client_fn(server, client_state, cid, key, data):
+            return solver.client_update(server, cid, key, data, m)
+
+        return federated_round(client_fn, solver.server_fn, cohort_size=m,
+                               cohort=cohort, engine=engine,
+                               linear_weights=solver.aggregator.linear_weights)
 
     def eval_models(state, data, key):
         out = {"global": ModelView(model, state.server.params, False)}
-        if finetune_steps > 0:
-            out["finetuned"] = ModelView(
-                model,
-                finetune_all(model, state.server.params, data, key, ft_cfg, engine),
-                True,
-            )
+        out.update(finetune_views(model, state.server.params, data, key, ft_cfg, engine))
         return out
 
     return Algorithm(init, _Deferred(build), eval_models)
 
 
-def finetune_all(model, params, data, key, cfg: LocalConfig, engine: EngineConfig):
-    """Every client finetunes ``params`` on its training data: stacked results."""
+class FinetuneConfig(NamedTuple):
+    local: LocalConfig
+    lam: float | jax.Array
+
+
+def make_finetune_config(cfg: LocalConfig, steps, lr, lam) -> FinetuneConfig | None:
+    """Validates the finetuning arguments; ``None`` when ``steps == 0``."""
+    if not isinstance(steps, int) or steps < 0:
+        raise ValueError(
+            f"finetune_steps: must be a non-negative integer, got {steps!r}")
+    if lr is not None:
+        check_positive("finetune_lr", lr)
+    check_nonnegative("finetune_lam", lam)
+    if steps == 0:
+        return None
+    return FinetuneConfig(cfg._replace(lr=cfg.lr if lr is None else lr,
+                                       num_steps=steps), lam)
+
+
+def finetune_views(model, params, data, key, ft: FinetuneConfig | None, engine):
+    """``{'finetuned': per-client view}`` (empty without finetuning)."""
+    if ft is None:
+        return {}
+    return {"finetuned": ModelView(
+        model, finetune_all(model, params, data, key, ft.local, engine, lam=ft.lam),
+        True)}
+
+
+def finetune_all(model, params, data, key, cfg: LocalConfig, engine: EngineConfig,
+                 lam: float | jax.Array = 0.0):
+    """Every client finetunes ``params`` on its training data, minimizing
+    ``F_k(v) + lam/2 ||v - params||^2`` from ``v = params``: stacked results."""
     ids = jnp.arange(data.num_clients, dtype=jnp.int32)
     keys = client_keys(key, data.key_ids)
+    penalty = None if is_concrete(lam) and np.all(np.asarray(lam) == 0) else (
+        prox_penalty(lam, params))
 
     def one(cid, k):
-        return run_local(model, params, data, cid, k, cfg)[0]
+        return run_local(model, params, data, cid, k, cfg, penalty=penalty)[0]
 
     return lift(one, engine.strategy, engine.map_batch_size)(ids, keys)
 

@@ -186,3 +186,13 @@ def check_positive(name: str, value, *, integer: bool = False) -> None:
         raise ValueError(f"{name}: must be a positive integer, got {value!r}")
     if not np.all(np.isfinite(arr)) or np.any(arr <= 0):
         raise ValueError(f"{name}: must be positive and finite, got {value!r}")
+
+
+def check_nonnegative(name: str, value) -> None:
+    """Raises ValueError unless every entry of ``value`` is finite and ``>= 0``
+    (skipped for traced values)."""
+    if not is_concrete(value):
+        return
+    arr = np.asarray(value, dtype=np.float64)
+    if not np.all(np.isfinite(arr)) or np.any(arr < 0):
+        raise ValueError(f"{name}: must be non-negative and finite, got {value!r}")

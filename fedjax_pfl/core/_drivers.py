@@ -87,10 +87,15 @@ def simulate(
     jsonl_path: str | None = None,
     state: AlgorithmState | None = None,
     callback: Callable[[AlgorithmState, dict], None] | None = None,
+    scan_rounds: bool | None = None,
 ) -> SimulationResult:
     """Runs ``num_rounds`` rounds, evaluating every ``eval_every`` rounds.
 
-    The rounds between two evaluations run as ONE jitted ``lax.scan``; the
+    The rounds between two evaluations run as ONE jitted ``lax.scan``
+    (``scan_rounds=True``, the default on GPU/TPU) or as one jitted call per round
+    (the default on CPU, where XLA runs big models slower inside while loops:
+    docs/results/throughput.md); the numbers are the same either way. The state
+    is donated to each call (a copy is made of a ``state`` you pass). The
     evaluation of every client on every split is one more jitted call. Randomness:
     ``key`` is split into an init key and a run key; round ``t`` uses
     ``fold_in(run_key, t)``, so a run resumed from a saved state continues exactly.
@@ -108,6 +113,7 @@ def simulate(
       jsonl_path: append each history row to this JSON-lines file.
       state: continue from this state instead of ``algorithm.init``.
       callback: called with ``(state, row)`` after every evaluation.
+      scan_rounds: see above; ``None`` picks the backend's default.
 
     Returns:
       :class:`SimulationResult` with the final state and one history row per
@@ -117,10 +123,24 @@ def simulate(
     init_key, run_key = jax.random.split(key)
     if state is None:
         state = algorithm.init(init_key, data)
+    else:  # the state is donated below: never consume the caller's arrays
+        state = jax.tree.map(jnp.copy, state)
     eval_kwargs = {"splits": tuple(splits), "mask": eval_mask}
-    chunk = jax.jit(
-        lambda s, d, k, n: run_rounds(algorithm, s, d, k, n), static_argnums=3
-    )
+    if scan_rounds is None:
+        scan_rounds = jax.default_backend() != "cpu"
+    if scan_rounds:
+        chunk = jax.jit(lambda s, d, k, n: run_rounds(algorithm, s, d, k, n),
+                        static_argnums=3, donate_argnums=0)
+    else:
+        one = jax.jit(algorithm.round_step, donate_argnums=0)
+
+        def chunk(s, d, k, n):
+            rows = []
+            for _ in range(n):
+                s, m = one(s, d, k)
+                rows.append(m)
+            return s, jax.tree.map(lambda *a: jnp.mean(jnp.stack(a), axis=0), *rows)
+
     evaluate = jax.jit(lambda s, d, k: _evaluate(algorithm, s, d, k, eval_kwargs))
 
     history: list[dict[str, Any]] = []

@@ -12,6 +12,34 @@ from fedjax_pfl.data._federated import Split, client_batch_indices, gather_batch
 from fedjax_pfl.models._model import Model, Params, batch_loss
 
 
+
+def client_loss(model: Model, params: Params, split: Split, client: jax.Array,
+                *, metric: bool = False) -> jax.Array:
+    """Mean loss (or metric) of ``params`` over ALL of one client's rows of
+    ``split`` (padded to the split's largest client, masked); NaN if it has none.
+    The loss includes the model's regularizer, as in training."""
+    rows, mask = client_batch_indices(split, client, jax.random.key(0), num_steps=1,
+                                      batch_size=1, sampling="full_batch")
+    b = gather_batch(split, rows[0], mask[0])
+    if metric:
+        out = model.metric(model.apply(params, b.x), b.y)
+        val = jnp.sum(out * b.mask) / jnp.maximum(jnp.sum(b.mask), 1.0)
+    else:
+        val = batch_loss(model, params, b.x, b.y, b.mask)
+    return jnp.where(split.counts[client] > 0, val, jnp.nan)
+
+
+def prox_penalty(lam, anchor: Params) -> Callable[[Params], jax.Array]:
+    """``p -> lam/2 ||p - anchor||^2`` (gradient ``lam (p - anchor)``)."""
+
+    def penalty(p):
+        sq = sum(jnp.sum(jnp.square(a - b)) for a, b in
+                 zip(jax.tree.leaves(p), jax.tree.leaves(anchor)))
+        return 0.5 * lam * sq
+
+    return penalty
+
+
 def local_train(
     model: Model,
     params: Params,
@@ -25,6 +53,7 @@ def local_train(
     sampling: str = "with_replacement",
     penalty: Callable[[Params], jax.Array] | None = None,
     unroll: int | bool = 1,
+    active_steps: jax.Array | None = None,
 ) -> tuple[Params, jax.Array]:
     """Runs ``num_steps`` optimizer steps on one client's data.
 
@@ -40,6 +69,9 @@ def local_train(
         Ditto's ``lam/2 ||v - w||^2``).
       unroll: ``lax.scan`` unroll of the step loop (``True`` = fully unrolled:
         XLA:CPU runs conv nets far faster outside while loops).
+      active_steps: optional int32 scalar: only the first ``active_steps`` steps
+        update the parameters (client-dependent step counts, e.g. epochs, under a
+        static ``num_steps`` bound); the loss is averaged over those steps.
 
     Returns:
       ``(params, mean minibatch loss over the steps)``.
@@ -57,13 +89,21 @@ def local_train(
 
     def step(carry, inputs):
         p, opt_state = carry
-        r, m = inputs
+        i, r, m = inputs
         b = gather_batch(split, r, m)
         (_, loss), g = jax.value_and_grad(objective, has_aux=True)(p, b.x, b.y, b.mask)
-        upd, opt_state = optimizer.update(g, opt_state, p)
-        return (optax.apply_updates(p, upd), opt_state), loss
+        upd, new_opt_state = optimizer.update(g, opt_state, p)
+        new = (optax.apply_updates(p, upd), new_opt_state)
+        if active_steps is not None:
+            on = i < active_steps
+            new = jax.tree.map(lambda a, b_: jnp.where(on, a, b_), new, (p, opt_state))
+        return new, loss
 
+    steps = jnp.arange(num_steps)
     (params, _), losses = jax.lax.scan(
-        step, (params, optimizer.init(params)), (rows, mask), unroll=unroll
+        step, (params, optimizer.init(params)), (steps, rows, mask), unroll=unroll
     )
-    return params, jnp.mean(losses)
+    if active_steps is None:
+        return params, jnp.mean(losses)
+    on = (steps < active_steps).astype(losses.dtype)
+    return params, jnp.sum(losses * on) / jnp.sum(on)

@@ -11,8 +11,8 @@ import sys
 def _demo_parser(sub) -> None:
     from ._demo import DemoConfig
 
-    p = sub.add_parser("demo", help="global vs local vs finetuned on synthetic data "
-                                    "(the default)")
+    p = sub.add_parser("demo", help="Ditto vs global vs local vs finetuned on "
+                                    "synthetic data with adversaries (the default)")
     for f in dataclasses.fields(DemoConfig):
         p.add_argument(f"--{f.name.replace('_', '-')}", type=f.type if callable(
             f.type) else type(f.default), default=f.default)
@@ -50,16 +50,26 @@ def _demo(args) -> int:
             raise SystemExit(f"--{name.replace('_', '-')}: must be >= 1")
     if cfg.cohort_size > cfg.num_clients:
         raise SystemExit("--cohort-size: must not exceed --num-clients")
+    from fedjax_pfl.attacks import ATTACKS
+
+    if cfg.attack not in ATTACKS:
+        raise SystemExit(f"--attack: must be one of {ATTACKS}, got {cfg.attack!r}")
+    if not 0.0 <= cfg.ratio < 1.0:
+        raise SystemExit(f"--ratio: must be in [0, 1), got {cfg.ratio}")
+    if cfg.lam < 0:
+        raise SystemExit(f"--lam: must be >= 0, got {cfg.lam}")
     print(f"fedjax-pfl demo: FedProx Synthetic({cfg.alpha}, {cfg.beta}), "
-          f"{cfg.num_clients} clients, {cfg.num_rounds} rounds, "
-          f"{cfg.cohort_size} clients/round, logistic regression")
+          f"{cfg.num_clients} clients, attack {cfg.attack} on {cfg.ratio:.0%} of "
+          f"them, {cfg.num_rounds} rounds, {cfg.cohort_size} clients/round, "
+          f"logistic regression, Ditto lambda={cfg.lam}")
     final = run_demo(cfg, progress=not args.quiet)
     d = final["data"]
-    print(f"\n{d['clients']} clients, {d['train_examples']} train / "
-          f"{d['test_examples']} test examples")
+    print(f"\n{d['clients']} clients ({d['malicious']} malicious), "
+          f"{d['train_examples']} train / {d['test_examples']} test examples")
     print(format_table(final))
-    print(f"\nwall time: fedavg+finetune {final['fedavg']['wall_seconds']:.1f} s, "
-          f"local {final['local']['wall_seconds']:.1f} s")
+    print(f"\nwall time: ditto (+global, finetuned) "
+          f"{final['ditto']['wall_seconds']:.1f} s, local "
+          f"{final['local']['wall_seconds']:.1f} s")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(final, fh, indent=1)

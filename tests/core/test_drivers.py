@@ -101,3 +101,21 @@ def test_invalid_engine_arguments():
         fp.EngineConfig("pmap")
     with pytest.raises(ValueError, match="map_batch_size"):
         fp.EngineConfig("map", 0)
+
+
+def test_scanned_and_per_round_calls_agree_and_state_is_not_consumed(data):
+    alg = algorithms.ditto(MODEL, lam=0.5, client_lr=0.1, num_local_steps=2,
+                           batch_size=4, cohort_size=3)
+    kw = dict(num_rounds=5, eval_every=2, key=jax.random.key(3), progress=False)
+    a = fp.simulate(alg, data, scan_rounds=True, **kw)
+    b = fp.simulate(alg, data, scan_rounds=False, **kw)
+    chex.assert_trees_all_close(a.state, b.state, atol=1e-6)
+    for ra, rb in zip(a.history, b.history):
+        np.testing.assert_allclose(ra["personal/test/accuracy/mean"],
+                                   rb["personal/test/accuracy/mean"], atol=1e-6)
+        np.testing.assert_allclose(ra.get("train/loss", 0), rb.get("train/loss", 0),
+                                   rtol=1e-5)
+    # continuing from a caller's state leaves that state usable (it is copied)
+    c = fp.simulate(alg, data, state=a.state, scan_rounds=False, **kw)
+    assert int(c.state.round) == 10 and int(a.state.round) == 5
+    np.asarray(jax.tree.leaves(a.state.clients)[0])  # not deleted by donation

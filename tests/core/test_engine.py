@@ -180,3 +180,20 @@ def test_traced_learning_rate_allowed(data):
 
     out = jax.jit(jax.vmap(loss_after))(jnp.array([0.01, 0.1]))
     assert out.shape == (2,) and np.all(np.isfinite(out))
+
+
+def test_active_steps_equal_fewer_steps():
+    """Client-dependent step counts (epochs): steps past ``active_steps`` are
+    no-ops, so 10 steps with 3 active == 3 steps (full-batch: same batches)."""
+    fed = fdata.fedprox_synthetic(1.0, 1.0, num_clients=3, max_size=50, seed=1)
+    model = models.logistic_regression((60,), 10)
+    p0 = model.init(jax.random.key(0))
+    kw = dict(optimizer=optax.sgd(0.1), batch_size=4, sampling="full_batch")
+    cid, key = jnp.int32(1), jax.random.key(2)
+    short, loss_s = local_train(model, p0, fed.train, cid, key, num_steps=3, **kw)
+    long, loss_l = local_train(model, p0, fed.train, cid, key, num_steps=10,
+                               active_steps=jnp.int32(3), **kw)
+    full, _ = local_train(model, p0, fed.train, cid, key, num_steps=10, **kw)
+    chex.assert_trees_all_close(short, long, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(loss_s, loss_l, rtol=1e-6)
+    assert not np.allclose(jax.tree.leaves(full)[0], jax.tree.leaves(short)[0])

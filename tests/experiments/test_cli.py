@@ -14,11 +14,12 @@ def test_demo_prints_table_and_writes_json(tmp_path, capsys):
                "--finetune-steps", "2", "--quiet", "--json", str(out)])
     assert rc == 0
     text = capsys.readouterr().out
-    for name in ("global", "local", "finetuned", "worst10", "mean_unweighted"):
+    for name in ("global", "local", "finetuned", "ditto", "worst10", "benign"):
         assert name in text
     final = json.loads(out.read_text())
-    assert final["fedavg"]["round"] == 2
+    assert final["ditto"]["round"] == 2 and final["data"]["malicious"] == 3
     assert 0.0 <= final["local"]["personal/test/accuracy/mean"] <= 1.0
+    assert 0.0 <= final["ditto"]["personal/test/accuracy/std"] <= 0.5
 
 
 def test_demo_rejects_bad_values():
@@ -26,6 +27,10 @@ def test_demo_rejects_bad_values():
         main(["--num-clients", "3", "--cohort-size", "5"])
     with pytest.raises(SystemExit, match="num-rounds"):
         main(["--num-rounds", "0"])
+    with pytest.raises(SystemExit, match="attack"):
+        main(["--attack", "A9"])
+    with pytest.raises(SystemExit, match="ratio"):
+        main(["--ratio", "1.0"])
 
 
 def test_datasets_listing(tmp_path, capsys):

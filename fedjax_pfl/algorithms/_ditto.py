@@ -1,0 +1,312 @@
+"""Ditto: personalized models regularized toward the global model.
+
+Reference: Tian Li, Shengyuan Hu, Ahmad Beirami, Virginia Smith, "Ditto: Fair and
+Robust Federated Learning Through Personalization", ICML 2021 (Algorithms 1-2,
+§3.2 finetuning solver, §4 and App. D.2 per-device lambda). Spec:
+specs/ditto.md; decisions where paper and code differ: docs/ditto.md.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from fedjax_pfl.aggregators import Aggregator, mean
+from fedjax_pfl.core._clients import (
+    check_nonnegative,
+    check_positive,
+    is_concrete,
+    lift,
+    tree_broadcast,
+)
+from fedjax_pfl.core._local import client_loss, prox_penalty
+from fedjax_pfl.core._round import EngineConfig, federated_round
+from fedjax_pfl.core._types import Algorithm, AlgorithmState, ModelView
+from fedjax_pfl.data._federated import client_batch_indices, gather_batch
+from fedjax_pfl.models._model import Model, batch_loss
+
+from ._fedavg import (
+    _Deferred,
+    check_cohort,
+    check_malicious,
+    finetune_views,
+    global_solver,
+    make_finetune_config,
+    make_local_config,
+    resolve_cohort_size,
+    run_local,
+)
+
+PERSONAL_TAG = 12  # fold_in tag of the personal update's minibatch stream
+LAM_SELECTION = ("fixed", "paper", "greedy_step")
+BATCHES = ("independent", "shared")
+WEAK_GRID, STRONG_GRID = (0.1, 1.0, 2.0), (0.05, 0.1, 0.2)  # paper §4 / App. D.2
+
+
+class DittoClientState(NamedTuple):
+    """One client's persistent Ditto state.
+
+    Attributes:
+      personal: the personalized parameters ``v_k`` (start at ``w^0``).
+      lam: the ``lambda_k`` in use: the fixed value, the client's entry of a
+        per-client vector, or the last one selected on validation data.
+    """
+
+    personal: object
+    lam: jax.Array
+
+
+def _lam_grid(lam_selection, lam_grid, strong_attack, fallback_lam):
+    if lam_selection == "fixed":
+        return None, None
+    grid = tuple(float(g) for g in (lam_grid or (
+        STRONG_GRID if strong_attack and lam_selection == "paper" else WEAK_GRID)))
+    if not grid or any(not np.isfinite(g) or g < 0 for g in grid):
+        raise ValueError(f"lam_grid: must be non-empty, finite and >= 0, got {grid}")
+    fallback = float(fallback_lam if fallback_lam is not None else (
+        0.1 if strong_attack else 1.0))
+    check_nonnegative("fallback_lam", fallback)
+    return grid, fallback
+
+
+def ditto(
+    model: Model,
+    *,
+    lam: float | jax.Array = 1.0,
+    client_lr: float | jax.Array = 0.05,
+    personal_lr: float | jax.Array | None = None,
+    num_local_steps: int = 2,
+    personal_steps: int | None = None,
+    local_epochs: float | None = None,
+    personal_epochs: float | None = None,
+    batch_size: int = 16,
+    cohort_size: int = 10,
+    cohort: str = "size_weighted",
+    sampling: str = "with_replacement",
+    batches: str = "independent",
+    lam_selection: str = "fixed",
+    lam_grid: tuple[float, ...] | None = None,
+    strong_attack: bool = False,
+    min_val_examples: int = 4,
+    fallback_lam: float | None = None,
+    selection_metric: str = "loss",
+    aggregator: Aggregator | None = None,
+    weighted: bool = False,
+    server_optimizer: optax.GradientTransformation | None = None,
+    attack=None,
+    malicious=None,
+    finetune_steps: int = 0,
+    finetune_lr: float | jax.Array | None = None,
+    finetune_lam: float | jax.Array | None = None,
+    engine: EngineConfig | None = None,
+    unroll: int | bool | None = None,
+) -> Algorithm:
+    """Ditto's joint solver (Algorithm 1 with FedAvg as the global solver, Alg. 2).
+
+    Every selected client k, given the round-start global model ``w^t``:
+
+    1. runs FedAvg's local update from ``w^t`` (``num_local_steps`` SGD steps at
+       ``client_lr``) and uploads ``w_k - w^t`` (attacked if malicious); the
+       server aggregates with ``aggregator`` (any rule: Ditto + robust
+       aggregation) and applies ``server_optimizer`` (default: ``w + mean``);
+    2. takes ``personal_steps`` SGD steps on its persistent ``v_k``:
+       ``v_k <- v_k - personal_lr (grad F_k(v_k) + lam_k (v_k - w^t))``.
+
+    ``v_k`` never feeds back into ``w``, so the global trajectory is exactly
+    FedAvg's. Unselected clients keep their ``v_k``; every ``v_k`` starts at
+    ``w^0``. Evaluated models: ``global`` (``w``) and ``personal`` (``v_k``), and
+    ``finetuned`` with ``finetune_steps > 0`` (Ditto's finetuning solver: every
+    client minimizes ``F_k(v) + finetune_lam/2 ||v - w||^2`` from ``v = w``).
+
+    Args:
+      model: the model.
+      lam: lambda, a scalar or a ``[num_clients]`` vector (one per client), either
+        possibly traced (``fedjax_pfl.sweep`` over it runs many lambdas in one
+        program). Ignored for the clients' choice when ``lam_selection`` selects.
+      client_lr, personal_lr: step sizes of the global copy and of ``v_k``
+        (``personal_lr`` defaults to ``client_lr``, as in the authors' code).
+      num_local_steps, personal_steps: local iterations r and s (``s`` defaults to
+        ``r``, as in the code).
+      local_epochs, personal_epochs: count r and s in epochs instead (client k
+        takes ``ceil(E n_k / batch_size)`` steps; ``personal_epochs`` defaults to
+        ``local_epochs``); the paper does not say which it means, the code uses
+        iterations.
+      batch_size, sampling: minibatches (see ``local_train``).
+      cohort_size, cohort: clients per round; default size-weighted sampling and an
+        unweighted mean (``weighted=False``), as in the paper's Alg. 2 and code.
+      batches: ``independent`` minibatch streams for the two updates (the paper
+        says nothing more), or ``shared`` (the code: both updates use the same
+        minibatch at each step; needs ``personal_steps == num_local_steps``). The
+        order of the two updates does not change any number: ``v_k`` is anchored
+        at the round-start ``w^t``, never at the evolving local copy.
+      lam_selection: ``fixed``; ``paper``: every round each selected client
+        trains its ``v_k`` with every lambda of the grid (same minibatches) and
+        keeps the one with the best validation ``selection_metric``; clients with
+        fewer than ``min_val_examples`` validation examples use ``fallback_lam``;
+        ``greedy_step``: the authors' code's ``dynamic_lam``: at every personal
+        step, the grid's candidate step with the lowest validation loss.
+      lam_grid: candidates; default {0.05, 0.1, 0.2} for strong attacks
+        (``strong_attack=True``: A3, or more than half malicious) and
+        {0.1, 1, 2} otherwise (the paper's rule; the code always uses the
+        latter).
+      min_val_examples, fallback_lam: the paper's small-validation rule
+        (fallback default 0.1 for strong attacks, 1 otherwise).
+      selection_metric: ``loss`` (minimized) or ``accuracy`` (maximized).
+      aggregator, weighted, server_optimizer: the global solver (see ``fedavg``).
+      attack, malicious: update attack and ``[num_clients]`` malicious mask.
+      finetune_steps, finetune_lr, finetune_lam: the finetuning solver's
+        evaluation (``finetune_lam`` defaults to ``lam`` when it is a scalar).
+      engine, unroll: execution (see ``fedavg``).
+    """
+    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll,
+                            local_epochs)
+    pcfg = make_local_config(
+        client_lr if personal_lr is None else personal_lr,
+        num_local_steps if personal_steps is None else personal_steps,
+        batch_size, sampling, unroll,
+        local_epochs if personal_epochs is None else personal_epochs)
+    check_cohort(cohort_size, cohort)
+    check_nonnegative("lam", lam)
+    lam_ndim = np.ndim(lam) if is_concrete(lam) else jnp.ndim(lam)
+    if lam_ndim > 1:
+        raise ValueError(f"lam: must be a scalar or a [num_clients] vector, got "
+                         f"shape {jnp.shape(lam)}")
+    if batches not in BATCHES:
+        raise ValueError(f"batches: must be one of {BATCHES}, got {batches!r}")
+    if batches == "shared" and (pcfg.num_steps, pcfg.epochs) != (cfg.num_steps,
+                                                                  cfg.epochs):
+        raise ValueError(
+            f"personal_steps: batches='shared' needs the same personal and global "
+            f"steps/epochs, got {pcfg.num_steps}/{pcfg.epochs} vs "
+            f"{cfg.num_steps}/{cfg.epochs}")
+    if lam_selection not in LAM_SELECTION:
+        raise ValueError(
+            f"lam_selection: must be one of {LAM_SELECTION}, got {lam_selection!r}")
+    if lam_selection == "greedy_step" and pcfg.epochs is not None:
+        raise ValueError("personal_epochs: lam_selection='greedy_step' counts "
+                         "personal steps, not epochs")
+    if selection_metric not in ("loss", "accuracy"):
+        raise ValueError(f"selection_metric: must be 'loss' or 'accuracy', got "
+                         f"{selection_metric!r}")
+    if not isinstance(min_val_examples, int) or min_val_examples < 0:
+        raise ValueError(f"min_val_examples: must be a non-negative integer, got "
+                         f"{min_val_examples!r}")
+    grid, fallback = _lam_grid(lam_selection, lam_grid, strong_attack, fallback_lam)
+    if finetune_lam is None:
+        finetune_lam = lam if lam_ndim == 0 else 0.0
+    ft_cfg = make_finetune_config(cfg, finetune_steps, finetune_lr, finetune_lam)
+    engine = engine or EngineConfig()
+    solver = global_solver(model, cfg, aggregator=aggregator or mean(weighted=weighted),
+                           server_optimizer=server_optimizer or optax.sgd(1.0),
+                           attack=attack, malicious=malicious)
+
+    def check_data(data):
+        check_malicious(malicious, data.num_clients)
+        if lam_ndim == 1 and jnp.shape(lam)[0] != data.num_clients:
+            raise ValueError(f"lam: a per-client vector needs {data.num_clients} "
+                             f"entries, got {jnp.shape(lam)[0]}")
+        if grid is not None and data.val is None:
+            raise ValueError(f"lam_selection: {lam_selection!r} needs a validation "
+                             "split (data.val is None)")
+
+    def init(key, data):
+        check_data(data)
+        server = solver.init(key)
+        lams = jnp.broadcast_to(jnp.asarray(lam, jnp.float32), (data.num_clients,))
+        clients = DittoClientState(tree_broadcast(server.params, data.num_clients),
+                                   lams)
+        return AlgorithmState(server, clients, jnp.zeros((), jnp.int32))
+
+    def personal_key(key):
+        return key if batches == "shared" else jax.random.fold_in(key, PERSONAL_TAG)
+
+    def train_personal(v, lam_k, w, cid, key, data):
+        return run_local(model, v, data, cid, key, pcfg, penalty=prox_penalty(lam_k, w))
+
+    def val_score(params, cid, data):
+        """Lower is better."""
+        if selection_metric == "loss":
+            return client_loss(model, params, data.val, cid)
+        return -client_loss(model, params, data.val, cid, metric=True)
+
+    def personal_update(state: DittoClientState, w, cid, key, data):
+        if grid is None:
+            v, loss = train_personal(state.personal, state.lam, w, cid, key, data)
+            return DittoClientState(v, state.lam), loss
+        few_val = data.val.counts[cid] < min_val_examples
+        if lam_selection == "greedy_step":
+            return greedy_step_update(state, w, cid, key, data, few_val)
+        extra = () if fallback in grid else (fallback,)
+        cands = jnp.asarray(grid + extra, jnp.float32)
+        vs, losses = lift(lambda lam_c: train_personal(
+            state.personal, lam_c, w, cid, key, data), engine.strategy,
+            engine.map_batch_size)(cands)
+        scores = lift(lambda p: val_score(p, cid, data), engine.strategy,
+                      engine.map_batch_size)(vs)[:len(grid)]
+        best = jnp.argmin(jnp.where(jnp.isnan(scores), jnp.inf, scores))
+        i = jnp.where(few_val, (grid + extra).index(fallback), best)
+        v = jax.tree.map(lambda a: a[i], vs)
+        return DittoClientState(v, cands[i]), losses[i]
+
+    def greedy_step_update(state, w, cid, key, data, few_val):
+        """The code's dynamic lambda: per step, the candidate with the lowest
+        validation loss (one gradient, len(grid) validation passes per step)."""
+        cands = jnp.asarray(grid, jnp.float32)
+        rows, mask = client_batch_indices(
+            data.train, cid, key, num_steps=pcfg.num_steps,
+            batch_size=pcfg.batch_size, sampling=pcfg.sampling)
+
+        def step(carry, inputs):
+            v, _ = carry
+            b = gather_batch(data.train, *inputs)
+            loss, g = jax.value_and_grad(
+                lambda p: batch_loss(model, p, b.x, b.y, b.mask))(v)
+
+            def candidate(lam_c):
+                return jax.tree.map(lambda p, gp, wp: p - pcfg.lr * (
+                    gp + lam_c * (p - wp)), v, g, w)
+
+            vs = jax.vmap(candidate)(cands)
+            scores = jax.vmap(lambda p: client_loss(model, p, data.val, cid))(vs)
+            fb = jnp.argmin(jnp.abs(cands - fallback))
+            i = jnp.where(few_val, fb, jnp.argmin(jnp.where(
+                jnp.isnan(scores), jnp.inf, scores)))
+            return (jax.tree.map(lambda a: a[i], vs), cands[i]), loss
+
+        (v, lam_k), losses = jax.lax.scan(step, (state.personal, state.lam),
+                                          (rows, mask), unroll=pcfg.unroll)
+        return DittoClientState(v, lam_k), jnp.mean(losses)
+
+    def build(num_clients):
+        m = resolve_cohort_size(cohort_size, cohort, num_clients)
+
+        def client_fn(server, client_state, cid, key, data):
+            res = solver.client_update(server, cid, key, data, m)
+            new_state, ploss = personal_update(
+                client_state, server.params, cid, personal_key(key), data)
+            metrics = dict(res.metrics, personal_loss=ploss, lam=new_state.lam)
+            return res._replace(client_state=new_state, metrics=metrics)
+
+        return federated_round(client_fn, solver.server_fn, cohort_size=m,
+                               cohort=cohort, engine=engine,
+                               linear_weights=solver.aggregator.linear_weights)
+
+    class _Checked(_Deferred):
+        def __call__(self, state, data, key):
+            if data.num_clients not in self._cache:
+                check_data(data)
+            return super().__call__(state, data, key)
+
+    def eval_models(state, data, key):
+        out = {"global": ModelView(model, state.server.params, False),
+               "personal": ModelView(model, state.clients.personal, True)}
+        out.update(finetune_views(model, state.server.params, data, key, ft_cfg,
+                                  engine))
+        return out
+
+    return Algorithm(init, _Checked(build), eval_models)
+
