@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import time
 
 import jax
@@ -25,7 +27,8 @@ import numpy as np
 import fedjax_pfl as fp
 from fedjax_pfl import algorithms, data, models
 
-from throughput import _meta, _timed  # noqa: E402  (benchmarks/ on sys.path)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from throughput import _meta, _timed
 
 
 def main(argv=None):

@@ -127,6 +127,21 @@ def _meta():
             "git_sha": sha, "date": datetime.datetime.now().isoformat(timespec="seconds")}
 
 
+def report(paths) -> str:
+    """Markdown table of JSON records written by ``--out``."""
+    lines = ["| model | clients | local steps | variant | compile s | round s | "
+             "rounds/s | client-steps/s | vs loop |", "|---|---|---|---|---|---|---|---|---|"]
+    for path in paths:
+        with open(path) as fh:
+            for r in map(json.loads, fh):
+                lines.append(
+                    f"| {r['model']} | {r['clients']} | {r['steps']} | {r['variant']} | "
+                    f"{r['compile_s']:.2f} | {r['round_s']:.4f} | "
+                    f"{r['rounds_per_s']:.2f} | {r['client_steps_per_s']:.0f} | "
+                    f"**{r['speedup_vs_loop']:.2f}** |")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", nargs="+", default=["logreg", "mlp", "cnn"],
@@ -147,7 +162,12 @@ def main(argv=None):
                    help="also time the default strategy with this many rounds per "
                         "lax.scan, as simulate runs them (0: skip)")
     p.add_argument("--out", default=None, help="append JSON records to this file")
+    p.add_argument("--report", nargs="+", default=None, metavar="JSONL",
+                   help="print a markdown table of these records and exit")
     args = p.parse_args(argv)
+    if args.report:
+        print(report(args.report))
+        return []
     meta = _meta()
     records = []
     print(f"backend={meta['backend']} device={meta['device_kind']} jax={meta['jax']}")

@@ -39,6 +39,9 @@ def weighted_mean(updates: PyTree, weights: jax.Array) -> PyTree:
     total = jnp.maximum(jnp.sum(weights), 1e-12)
 
     def avg(u):
+        # Rows of weight 0 must not leak NaN/inf through 0 * inf.
+        keep = (weights != 0).reshape((-1,) + (1,) * (u.ndim - 1))
+        u = jnp.where(keep, u, jnp.zeros((), u.dtype))
         # A contraction, not jnp.sum(w * u, 0): XLA:CPU reduces over the leading
         # axis 100-400x slower than it runs the same dot (docs/engine.md).
         return jnp.tensordot(weights.astype(u.dtype), u, axes=1) / total

@@ -2,13 +2,17 @@
 
 from ._ditto import DittoClientState as DittoClientState
 from ._ditto import ditto as ditto
+from ._ditto_theory import ditto_expected_mse as ditto_expected_mse
+from ._ditto_theory import ditto_expected_variance as ditto_expected_variance
+from ._ditto_theory import ditto_lambda_star as ditto_lambda_star
+from ._ditto_theory import (
+    ditto_linear_regression_solution as ditto_linear_regression_solution,
+)
+from ._ditto_theory import (
+    ditto_point_estimate_solution as ditto_point_estimate_solution,
+)
 from ._fedavg import GlobalSolver as GlobalSolver
 from ._fedavg import fedavg as fedavg
 from ._fedavg import finetune_all as finetune_all
 from ._fedavg import global_solver as global_solver
 from ._fedavg import local_only as local_only
-from ._ditto_theory import expected_mse as ditto_expected_mse
-from ._ditto_theory import expected_variance as ditto_expected_variance
-from ._ditto_theory import lambda_star as ditto_lambda_star
-from ._ditto_theory import linear_regression_solution as ditto_linear_regression_solution
-from ._ditto_theory import point_estimate_solution as ditto_point_estimate_solution

@@ -18,7 +18,6 @@ import optax
 from fedjax_pfl.aggregators import Aggregator, mean
 from fedjax_pfl.core._clients import (
     check_nonnegative,
-    check_positive,
     is_concrete,
     lift,
     tree_broadcast,
@@ -99,7 +98,7 @@ def ditto(
     server_optimizer: optax.GradientTransformation | None = None,
     attack=None,
     malicious=None,
-    finetune_steps: int = 0,
+    finetune_steps: int | tuple[int, ...] = 0,
     finetune_lr: float | jax.Array | None = None,
     finetune_lam: float | jax.Array | None = None,
     engine: EngineConfig | None = None,
@@ -159,7 +158,9 @@ def ditto(
       aggregator, weighted, server_optimizer: the global solver (see ``fedavg``).
       attack, malicious: update attack and ``[num_clients]`` malicious mask.
       finetune_steps, finetune_lr, finetune_lam: the finetuning solver's
-        evaluation (``finetune_lam`` defaults to ``lam`` when it is a scalar).
+        evaluation (``finetune_lam`` defaults to ``lam`` when it is a scalar); a
+        tuple of step counts reports one ``finetuned_<count>`` view each, along
+        one minibatch stream, to pick the best count as in the paper's Fig. 6.
       engine, unroll: execution (see ``fedavg``).
     """
     cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll,

@@ -124,8 +124,8 @@ def linear_regression_solution(xs: Sequence[np.ndarray] | np.ndarray,
     moments = [x.T @ y / x.shape[0] for x, y in zip(xs, ys)]
     w_star = np.linalg.solve(sum(grams), sum(moments))
     eye = np.eye(w_star.shape[0])
-    v = np.stack([np.linalg.solve(g + l * eye, m + l * w_star)
-                  for g, m, l in zip(grams, moments, lam)])
+    v = np.stack([np.linalg.solve(g + lam_k * eye, m + lam_k * w_star)
+                  for g, m, lam_k in zip(grams, moments, lam, strict=True)])
     return v, w_star
 
 
@@ -186,3 +186,11 @@ def expected_variance(lam, sigma: float, n: float, tau: float, num_clients: int,
            + c3**2 * ((kb - 2) * (tau**2 + s2) + ka * (tau_a**2 + s2)))
     m = expected_mse(lam, sigma, n, tau, k, ka, tau_a)
     return (kb - 1) / kb * (2 * m**2 - 2 * cov**2)
+
+
+# The public names, re-exported by ``fedjax_pfl.algorithms``.
+ditto_lambda_star = lambda_star
+ditto_point_estimate_solution = point_estimate_solution
+ditto_linear_regression_solution = linear_regression_solution
+ditto_expected_mse = expected_mse
+ditto_expected_variance = expected_variance

@@ -102,9 +102,11 @@ def resolve_cohort_size(cohort_size, cohort, num_clients) -> int:
     return cohort_size
 
 
-def run_local(model, params, data, cid, key, cfg: LocalConfig, penalty=None):
-    """Local SGD on one client's training split with ``cfg``."""
-    steps, active, unroll = cfg.num_steps, None, cfg.unroll
+def run_local(model, params, data, cid, key, cfg: LocalConfig, penalty=None,
+              active_steps=None):
+    """Local SGD on one client's training split with ``cfg`` (only the first
+    ``active_steps`` of ``cfg.num_steps`` steps count, when given)."""
+    steps, active, unroll = cfg.num_steps, active_steps, cfg.unroll
     if cfg.epochs is not None:
         split = data.train
         steps = max(1, math.ceil(cfg.epochs * split.max_count / cfg.batch_size))
@@ -216,7 +218,7 @@ def fedavg(
     weighted: bool = True,
     attack=None,
     malicious=None,
-    finetune_steps: int = 0,
+    finetune_steps: int | tuple[int, ...] = 0,
     finetune_lr: float | jax.Array | None = None,
     finetune_lam: float | jax.Array = 0.0,
     engine: EngineConfig | None = None,
@@ -247,7 +249,8 @@ def fedavg(
       aggregator: overrides ``weighted`` with any :class:`Aggregator`.
       attack, malicious: an :class:`fedjax_pfl.attacks.UpdateAttack` applied to
         the uploads of the clients flagged in the ``[num_clients]`` bool mask.
-      finetune_steps, finetune_lr, finetune_lam: finetuning evaluation.
+      finetune_steps, finetune_lr, finetune_lam: finetuning evaluation;
+        ``finetune_steps`` may be a tuple of step counts (one view each).
       engine: execution strategy (vmap / lax.map / sharding).
       unroll: unroll local steps (default: on CPU).
     """
@@ -286,42 +289,59 @@ def fedavg(
 class FinetuneConfig(NamedTuple):
     local: LocalConfig
     lam: float | jax.Array
+    counts: tuple[int, ...] | None  # several step counts: one view each
 
 
 def make_finetune_config(cfg: LocalConfig, steps, lr, lam) -> FinetuneConfig | None:
-    """Validates the finetuning arguments; ``None`` when ``steps == 0``."""
-    if not isinstance(steps, int) or steps < 0:
-        raise ValueError(
-            f"finetune_steps: must be a non-negative integer, got {steps!r}")
+    """Validates the finetuning arguments; ``None`` when ``steps == 0``.
+
+    ``steps`` is an int, or a tuple of step counts: every client then finetunes
+    along ONE minibatch stream and each count is reported as its own view
+    ``finetuned_<count>`` (the Ditto paper's Fig. 6 picks the best count)."""
+    counts = tuple(steps) if isinstance(steps, (tuple, list)) else None
+    ok = all(isinstance(c, int) and c > 0 for c in counts) if counts else (
+        isinstance(steps, int) and steps >= 0)
+    if not ok:
+        raise ValueError(f"finetune_steps: must be a non-negative integer or a tuple "
+                         f"of positive integers, got {steps!r}")
     if lr is not None:
         check_positive("finetune_lr", lr)
     check_nonnegative("finetune_lam", lam)
     if steps == 0:
         return None
     return FinetuneConfig(cfg._replace(lr=cfg.lr if lr is None else lr,
-                                       num_steps=steps), lam)
+                                       num_steps=max(counts) if counts else steps,
+                                       epochs=None), lam, counts)
 
 
 def finetune_views(model, params, data, key, ft: FinetuneConfig | None, engine):
-    """``{'finetuned': per-client view}`` (empty without finetuning)."""
+    """``{'finetuned': per-client view}`` (or one ``finetuned_<count>`` view per
+    count); empty without finetuning."""
     if ft is None:
         return {}
-    return {"finetuned": ModelView(
-        model, finetune_all(model, params, data, key, ft.local, engine, lam=ft.lam),
-        True)}
+    if ft.counts is None:
+        return {"finetuned": ModelView(model, finetune_all(
+            model, params, data, key, ft.local, engine, lam=ft.lam), True)}
+    return {f"finetuned_{c}": ModelView(model, finetune_all(
+        model, params, data, key, ft.local, engine, lam=ft.lam, active_steps=c), True)
+        for c in ft.counts}
 
 
 def finetune_all(model, params, data, key, cfg: LocalConfig, engine: EngineConfig,
-                 lam: float | jax.Array = 0.0):
+                 lam: float | jax.Array = 0.0, active_steps: int | None = None):
     """Every client finetunes ``params`` on its training data, minimizing
-    ``F_k(v) + lam/2 ||v - params||^2`` from ``v = params``: stacked results."""
+    ``F_k(v) + lam/2 ||v - params||^2`` from ``v = params``: stacked results.
+    ``active_steps`` stops after that many of ``cfg.num_steps`` steps (same
+    minibatch stream for every count)."""
     ids = jnp.arange(data.num_clients, dtype=jnp.int32)
     keys = client_keys(key, data.key_ids)
     penalty = None if is_concrete(lam) and np.all(np.asarray(lam) == 0) else (
         prox_penalty(lam, params))
+    active = None if active_steps is None else jnp.int32(active_steps)
 
     def one(cid, k):
-        return run_local(model, params, data, cid, k, cfg, penalty=penalty)[0]
+        return run_local(model, params, data, cid, k, cfg, penalty=penalty,
+                         active_steps=active)[0]
 
     return lift(one, engine.strategy, engine.map_batch_size)(ids, keys)
 

@@ -12,7 +12,6 @@ from fedjax_pfl.data._federated import Split, client_batch_indices, gather_batch
 from fedjax_pfl.models._model import Model, Params, batch_loss
 
 
-
 def client_loss(model: Model, params: Params, split: Split, client: jax.Array,
                 *, metric: bool = False) -> jax.Array:
     """Mean loss (or metric) of ``params`` over ALL of one client's rows of

@@ -8,6 +8,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ._clients import (
     client_keys,
@@ -63,7 +64,8 @@ class EngineConfig:
         """Constrains the leading (cohort) axis to the mesh's 'clients' axis."""
         if self.mesh is None:
             return tree
-        from jax.sharding import NamedSharding, PartitionSpec as P
+        from jax.sharding import NamedSharding
+        from jax.sharding import PartitionSpec as P
 
         def constrain(a):
             spec = P("clients", *([None] * (a.ndim - 1)))
@@ -108,9 +110,7 @@ def federated_round(
 
     def round_step(state: AlgorithmState, data, key: jax.Array):
         rkey = jax.random.fold_in(key, state.round)
-        ids = sample_cohort(
-            jax.random.fold_in(rkey, COHORT_TAG), data.train.counts, cohort_size, cohort
-        )
+        ids = round_cohort(data, state.round, key, cohort_size, cohort)
         keys = client_keys(jax.random.fold_in(rkey, CLIENT_TAG), data.key_ids[ids])
         cohort_states = tree_gather(state.clients, ids)
         cohort_states, ids_s, keys_s = engine.shard_cohort((cohort_states, ids, keys))
@@ -152,6 +152,25 @@ def federated_round(
         return AlgorithmState(server, clients, state.round + 1), metrics
 
     return round_step
+
+
+def round_cohort(data, round_: jax.Array, key: jax.Array, cohort_size: int,
+                 cohort: str) -> jax.Array:
+    """The cohort of round ``round_`` of a run with key ``key`` (as the round
+    draws it)."""
+    rkey = jax.random.fold_in(jax.random.fold_in(key, round_), COHORT_TAG)
+    return sample_cohort(rkey, data.train.counts, cohort_size, cohort)
+
+
+def participation_counts(data, num_rounds: int, key: jax.Array, cohort_size: int,
+                         cohort: str, first_round: int = 0) -> np.ndarray:
+    """How many of rounds ``first_round .. first_round + num_rounds - 1`` each
+    client took part in, for a run whose ``round_step`` got ``key`` (in
+    :func:`fedjax_pfl.simulate`, the second half of ``split(key)``)."""
+    rounds = jnp.arange(first_round, first_round + num_rounds)
+    ids = jax.jit(jax.vmap(lambda r: round_cohort(data, r, key, cohort_size, cohort)))(
+        rounds)
+    return np.bincount(np.asarray(ids).ravel(), minlength=data.num_clients)
 
 
 def _count_nonfinite_rows(tree: PyTree) -> jax.Array:

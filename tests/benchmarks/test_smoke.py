@@ -27,9 +27,36 @@ def test_throughput_smoke(tmp_path):
         assert r["round_s"] > 0 and r["compile_s"] > 0
     assert len(out.read_text().splitlines()) == 4
     assert json.loads(out.read_text().splitlines()[0])["backend"] == "cpu"
+    table = _load("throughput").report([str(out)])
+    assert table.count("\n") == 5 and "scan2:map:1" in table
 
 
 def test_reductions_smoke():
     recs = _load("reductions").main(["--clients", "3", "--shape", "4", "5",
                                      "--repeats", "1"])
     assert recs[0]["clients"] == 3 and recs[0]["sum_s"] > 0
+
+
+def test_ditto_cost_smoke(tmp_path):
+    recs = _load("ditto_cost").main(["--lams", "0", "1", "--clients", "6",
+                                     "--rounds", "1", "--eval-every", "1",
+                                     "--repeats", "1", "--out",
+                                     str(tmp_path / "d.jsonl")])
+    sweep = next(r for r in recs if r["measure"] == "lambda_sweep")
+    assert sweep["max_abs_diff_accuracy"] < 1e-5  # the sweep equals separate runs
+    assert sweep["sweep_s"] > 0 and sweep["separate_s"] > 0
+    assert next(r for r in recs if r["measure"] == "round_ratio")["ditto_over_fedavg"] > 0
+
+
+def test_ditto_fmnist_smoke():
+    import os
+
+    import pytest
+
+    if not os.environ.get("FEDJAX_PFL_DATA_DIR"):
+        pytest.skip("FEDJAX_PFL_DATA_DIR is not set")
+    recs = _load("ditto_fmnist").main([
+        "--num-clients", "20", "--rounds", "1", "--eval-every", "1",
+        "--attack", "A1", "--ratio", "0.5", "--lam-selection", "fixed"])
+    last = recs[-1]
+    assert last["round"] == 1 and 0 <= last["personal/test/accuracy/mean"] <= 1

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import fedjax_pfl as fp
-from fedjax_pfl import algorithms, data as fdata, models
+from fedjax_pfl import algorithms, models
+from fedjax_pfl import data as fdata
 
 MODEL = models.logistic_regression((10,), 3)
 
@@ -119,3 +120,22 @@ def test_scanned_and_per_round_calls_agree_and_state_is_not_consumed(data):
     c = fp.simulate(alg, data, state=a.state, scan_rounds=False, **kw)
     assert int(c.state.round) == 10 and int(a.state.round) == 5
     np.asarray(jax.tree.leaves(a.state.clients)[0])  # not deleted by donation
+
+
+def test_participation_counts_match_the_rounds(data):
+    """Clients whose personal model moved are exactly those the cohort
+    reconstruction says took part."""
+    from fedjax_pfl.core import participation_counts
+
+    alg = algorithms.ditto(MODEL, lam=0.5, client_lr=0.1, num_local_steps=2,
+                           batch_size=4, cohort_size=2)
+    key = jax.random.key(5)
+    res = fp.simulate(alg, data, num_rounds=2, key=key, progress=False)
+    counts = participation_counts(data, 2, jax.random.split(key)[1], 2,
+                                  "size_weighted")
+    assert counts.sum() == 4
+    w0 = res.state.clients.personal  # compare with the initial (broadcast) w^0
+    init = alg.init(jax.random.split(key)[0], data).clients.personal
+    moved = np.asarray(jax.tree.leaves(jax.tree.map(
+        lambda a, b: jnp.any(a != b, axis=tuple(range(1, a.ndim))), w0, init))[0])
+    np.testing.assert_array_equal(moved, counts > 0)

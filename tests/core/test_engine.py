@@ -8,7 +8,8 @@ import optax
 import pytest
 
 import fedjax_pfl as fp
-from fedjax_pfl import algorithms, data as fdata, models
+from fedjax_pfl import algorithms, models
+from fedjax_pfl import data as fdata
 from fedjax_pfl.core import EngineConfig
 from fedjax_pfl.core._local import local_train
 from fedjax_pfl.core._round import CLIENT_TAG

@@ -4,7 +4,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_pfl import data as fdata, models
+from fedjax_pfl import data as fdata
+from fedjax_pfl import models
 from fedjax_pfl.core import ModelView
 from fedjax_pfl.metrics import evaluate, evaluate_split, summarize
 
