@@ -689,3 +689,29 @@ def test_closed_forms_validate_their_inputs():
         ditto_linear_regression_solution([np.ones((3, 1))], [], 1.0)
     with pytest.raises(ValueError, match="beta"):
         ditto_expected_mse(1.0, *CLEAN, beta=0.0)
+
+
+def test_finetune_step_counts_share_one_stream(data):
+    """A tuple of finetuning step counts gives one view per count; a count's view
+    equals finetuning with that int, and the proximal term pulls toward w."""
+    key = jax.random.key(3)
+    one = _ditto(finetune_steps=4, finetune_lam=0.0)
+    many = _ditto(finetune_steps=(4,), finetune_lam=0.0)
+    state = one.init(key, data)
+    a = one.eval_models(state, data, key)["finetuned"].params
+    b = many.eval_models(state, data, key)["finetuned_4"].params
+    _leaves_equal(a, b)
+    views = _ditto(finetune_steps=(1, 6), finetune_lam=0.0).eval_models(
+        state, data, key)
+    assert set(views) == {"global", "personal", "finetuned_1", "finetuned_6"}
+    w = state.server.params
+
+    def dist(p):
+        return float(sum(jnp.sum((x - y[None]) ** 2) for x, y in
+                         zip(jax.tree.leaves(p), jax.tree.leaves(w))))
+
+    assert dist(views["finetuned_1"].params) < dist(views["finetuned_6"].params)
+    prox = _ditto(finetune_steps=6, finetune_lam=5.0).eval_models(state, data, key)
+    assert dist(prox["finetuned"].params) < dist(views["finetuned_6"].params)
+    with pytest.raises(ValueError, match="finetune_steps"):
+        _ditto(finetune_steps=(0, 3))
