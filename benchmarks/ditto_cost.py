@@ -28,7 +28,7 @@ import fedjax_pfl as fp
 from fedjax_pfl import algorithms, data, models
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from throughput import _meta, _timed
+from throughput import _meta, _timed, write_jsonl
 
 
 def main(argv=None):
@@ -83,10 +83,7 @@ def main(argv=None):
         times[name] = t
         record(measure="round", algorithm=name, round_s=t, first_call_s=first)
     record(measure="round_ratio", ditto_over_fedavg=times["ditto"] / times["fedavg"])
-    if args.out:
-        with open(args.out, "a") as fh:
-            for r in records:
-                fh.write(json.dumps(r) + "\n")
+    write_jsonl(args.out, records)
     return records
 
 

@@ -127,6 +127,13 @@ def _meta():
             "git_sha": sha, "date": datetime.datetime.now().isoformat(timespec="seconds")}
 
 
+def write_jsonl(path: str | None, records) -> None:
+    """Appends one JSON line per record to ``path`` (nothing if ``None``)."""
+    if path:
+        with open(path, "a") as fh:
+            fh.writelines(json.dumps(r) + "\n" for r in records)
+
+
 def report(paths) -> str:
     """Markdown table of JSON records written by ``--out``."""
     lines = ["| model | clients | local steps | variant | compile s | round s | "
@@ -209,10 +216,7 @@ def main(argv=None):
                 print(f"{name:<7}{c:>8}{variant:>14}{comp:>11.2f}{t:>10.4f}"
                       f"{1 / t:>10.2f}{steps_per_s:>16.0f}{base_t / t:>9.2f}")
                 sys.stdout.flush()
-    if args.out:
-        with open(args.out, "a") as fh:
-            for r in records:
-                fh.write(json.dumps(r) + "\n")
+    write_jsonl(args.out, records)
     return records
 
 
