@@ -36,6 +36,7 @@ def main(argv=None):
     p.add_argument("--lams", type=float, nargs="+",
                    default=[0.0, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0])
     p.add_argument("--clients", type=int, default=100)
+    p.add_argument("--cohort-size", type=int, default=10)
     p.add_argument("--rounds", type=int, default=100)
     p.add_argument("--eval-every", type=int, default=50)
     p.add_argument("--model", default="logreg", choices=["logreg", "mlp"])
@@ -46,7 +47,8 @@ def main(argv=None):
     fed = data.fedprox_synthetic(1.0, 1.0, num_clients=args.clients, max_size=500)
     model = (models.logistic_regression((60,), 10) if args.model == "logreg"
              else models.mlp((60,), 10, hidden=(200, 200)))
-    kw = dict(client_lr=0.05, num_local_steps=10, batch_size=10, cohort_size=10)
+    kw = dict(client_lr=0.05, num_local_steps=10, batch_size=10,
+              cohort_size=args.cohort_size)
     key = jax.random.key(0)
     records = []
 

@@ -38,7 +38,7 @@ def test_reductions_smoke():
 
 
 def test_ditto_cost_smoke(tmp_path):
-    recs = _load("ditto_cost").main(["--lams", "0", "1", "--clients", "6",
+    recs = _load("ditto_cost").main(["--lams", "0", "1", "--clients", "6", "--cohort-size", "3",
                                      "--rounds", "1", "--eval-every", "1",
                                      "--repeats", "1", "--out",
                                      str(tmp_path / "d.jsonl")])
