@@ -11,8 +11,20 @@ from ._ditto_theory import (
 from ._ditto_theory import (
     ditto_point_estimate_solution as ditto_point_estimate_solution,
 )
+from ._dp import dp_fedavg as dp_fedavg
 from ._fedavg import GlobalSolver as GlobalSolver
 from ._fedavg import fedavg as fedavg
 from ._fedavg import finetune_all as finetune_all
 from ._fedavg import global_solver as global_solver
 from ._fedavg import local_only as local_only
+from ._fedfdp import FedFDPClientState as FedFDPClientState
+from ._fedfdp import FedFDPServerState as FedFDPServerState
+from ._fedfdp import fedfair as fedfair
+from ._fedfdp import fedfdp as fedfdp
+from ._fedplus import FedPlusClientState as FedPlusClientState
+from ._fedplus import FedPlusServerState as FedPlusServerState
+from ._fedplus import fedavg_plus as fedavg_plus
+from ._fedplus import fedcomed_plus as fedcomed_plus
+from ._fedplus import fedgeomed_plus as fedgeomed_plus
+from ._fedplus import fedplus as fedplus
+from ._fedplus import fedplus_sgd as fedplus_sgd

@@ -27,7 +27,9 @@ from fedjax_pfl.core._round import EngineConfig, federated_round
 from fedjax_pfl.core._types import Algorithm, AlgorithmState, ModelView
 from fedjax_pfl.data._federated import client_batch_indices, gather_batch
 from fedjax_pfl.models._model import Model, batch_loss
+from fedjax_pfl.privacy._local import DPConfig
 
+from ._dp import dp_client_update
 from ._fedavg import (
     _Deferred,
     check_cohort,
@@ -98,6 +100,7 @@ def ditto(
     server_optimizer: optax.GradientTransformation | None = None,
     attack=None,
     malicious=None,
+    dp: DPConfig | None = None,
     finetune_steps: int | tuple[int, ...] = 0,
     finetune_lr: float | jax.Array | None = None,
     finetune_lam: float | jax.Array | None = None,
@@ -157,6 +160,12 @@ def ditto(
       selection_metric: ``loss`` (minimized) or ``accuracy`` (maximized).
       aggregator, weighted, server_optimizer: the global solver (see ``fedavg``).
       attack, malicious: update attack and ``[num_clients]`` malicious mask.
+      dp: a :class:`fedjax_pfl.privacy.DPConfig` (``privacy.make_dp_config``):
+        the global update becomes local DP-SGD, exactly as in
+        ``algorithms.dp_fedavg`` (Poisson batches when ``dp.sampling_rate`` is
+        set), while ``v_k`` stays on the device and trains without noise. The
+        released global trajectory is DP-FedAvg's, so Ditto+DP has DP-FedAvg's
+        epsilon (the paper's §3.2); account with ``privacy.dp_sgd_event``.
       finetune_steps, finetune_lr, finetune_lam: the finetuning solver's
         evaluation (``finetune_lam`` defaults to ``lam`` when it is a scalar); a
         tuple of step counts reports one ``finetuned_<count>`` view each, along
@@ -178,6 +187,9 @@ def ditto(
                          f"shape {jnp.shape(lam)}")
     if batches not in BATCHES:
         raise ValueError(f"batches: must be one of {BATCHES}, got {batches!r}")
+    if batches == "shared" and dp is not None:
+        raise ValueError("batches: 'shared' minibatches cannot be used with dp "
+                         "(the private update draws its own Poisson batches)")
     if batches == "shared" and (pcfg.num_steps, pcfg.epochs) != (cfg.num_steps,
                                                                   cfg.epochs):
         raise ValueError(
@@ -204,6 +216,9 @@ def ditto(
     solver = global_solver(model, cfg, aggregator=aggregator or mean(weighted=weighted),
                            server_optimizer=server_optimizer or optax.sgd(1.0),
                            attack=attack, malicious=malicious)
+    global_update = solver.client_update if dp is None else dp_client_update(
+        model, cfg, dp, "poisson" if dp.sampling_rate is not None else sampling,
+        solver, attack, malicious)
 
     def check_data(data):
         check_malicious(malicious, data.num_clients)
@@ -286,7 +301,7 @@ def ditto(
         m = resolve_cohort_size(cohort_size, cohort, num_clients)
 
         def client_fn(server, client_state, cid, key, data):
-            res = solver.client_update(server, cid, key, data, m)
+            res = global_update(server, cid, key, data, m)
             new_state, ploss = personal_update(
                 client_state, server.params, cid, personal_key(key), data)
             metrics = dict(res.metrics, personal_loss=ploss, lam=new_state.lam)

@@ -1,0 +1,154 @@
+"""DP-FedAvg / DP-FedSGD with sample-level DP: local DP-SGD on every client.
+
+References:
+  Abadi et al., "Deep Learning with Differential Privacy", CCS 2016 (DP-SGD).
+  Ling et al., "FedFDP: Federated Learning with Fairness and Differential
+  Privacy", arXiv 2402.16028 (its DP baselines: FedAvg with one local DP-SGD
+  step per round, i.e. DP-FedSGD; specs/fedfdp.md §9).
+  McMahan et al., AISTATS 2017 (FedAvg).
+
+Client-level DP (clip the update, noise at the server) is an aggregator wrapper
+instead: :func:`fedjax_pfl.privacy.client_level_dp`.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedjax_pfl.aggregators import Aggregator, mean
+from fedjax_pfl.attacks import attack_update
+from fedjax_pfl.core._local import client_loss
+from fedjax_pfl.core._round import EngineConfig, federated_round
+from fedjax_pfl.core._types import Algorithm, AlgorithmState, ClientResult, ModelView
+from fedjax_pfl.models._model import Model
+from fedjax_pfl.privacy._local import DPConfig, dp_local_train, make_dp_config
+
+from ._fedavg import (
+    ATTACK_TAG,
+    _Deferred,
+    check_cohort,
+    check_malicious,
+    global_solver,
+    make_local_config,
+    resolve_cohort_size,
+)
+
+
+def dp_client_update(model: Model, cfg, dp: DPConfig, sampling: str, solver,
+                     attack=None, malicious=None):
+    """FedAvg's client update with local DP-SGD instead of SGD (same upload
+    ``w_k - w``, weight ``n_k`` and attack hook as ``global_solver``)."""
+    mal = None if malicious is None else jnp.asarray(malicious, bool)
+
+    def client_update(server, cid, key, data, cohort_size):
+        w = server.params
+        w_k, loss, dpm = dp_local_train(
+            model, w, data.train, cid, key, lr=cfg.lr, num_steps=cfg.num_steps,
+            batch_size=cfg.batch_size, sampling=sampling, dp=dp, unroll=cfg.unroll)
+        delta = jax.tree.map(jnp.subtract, w_k, w)
+        if attack is not None:
+            delta = attack_update(attack, jax.random.fold_in(key, ATTACK_TAG), delta,
+                                  mal[cid], cohort_size)
+        metrics = {"loss": loss, **dpm}
+        if solver.aggregator.needs_losses:  # non-private diagnostics for TERM etc.
+            metrics["round_start_loss"] = client_loss(model, w, data.train, cid)
+        n = data.train.counts[cid].astype(jnp.float32)
+        return ClientResult((), delta, n, metrics)
+
+    return client_update
+
+
+def dp_fedavg(
+    model: Model,
+    *,
+    clip: float | jax.Array,
+    noise_multiplier: float | jax.Array,
+    sampling_rate: float | jax.Array | None = None,
+    client_lr: float | jax.Array = 0.1,
+    num_local_steps: int = 1,
+    batch_size: int = 32,
+    sampling: str = "poisson",
+    max_batch_size: int | None = None,
+    normalize: str | float = "realized",
+    clip_method: str = "auto",
+    chunk_size: int | None = None,
+    cohort_size: int = 10,
+    cohort: str = "uniform",
+    server_optimizer: optax.GradientTransformation | None = None,
+    aggregator: Aggregator | None = None,
+    weighted: bool = True,
+    attack=None,
+    malicious=None,
+    engine: EngineConfig | None = None,
+    unroll: int | bool | None = None,
+) -> Algorithm:
+    """FedAvg whose clients run DP-SGD (sample-level DP per client).
+
+    Every local step draws a batch (Poisson with rate ``sampling_rate`` by
+    default), clips each example's gradient to ``clip``, adds
+    ``N(0, (noise_multiplier * clip)^2)`` to the sum and divides by the
+    normaliser, then takes an SGD step. The server is FedAvg's (aggregator and
+    server optimizer): uploads are post-processing of the noisy steps.
+    ``num_local_steps=1`` is DP-FedSGD, the FedFDP paper's DP-FedAvg baseline.
+
+    Privacy of client k (add/remove one of its records): ``rounds_k *
+    num_local_steps`` Poisson-subsampled Gaussians; account with
+    ``privacy.epsilon(privacy.dp_sgd_event(q, sigma, rounds, steps), delta)``.
+    Guarantee needs ``sampling='poisson'``; other modes are for comparisons
+    (e.g. ``clip=inf, noise_multiplier=0`` with ``'with_replacement'`` is FedAvg).
+
+    Args:
+      model: the model.
+      clip: per-example L2 bound C (traceable; ``inf`` disables clipping).
+      noise_multiplier: sigma (traceable).
+      sampling_rate: q, required with ``sampling='poisson'``.
+      client_lr, num_local_steps: local DP-SGD step size and steps per round.
+      batch_size: batch size of the non-Poisson modes.
+      sampling: ``'poisson'`` or a mode of ``data.client_batch_indices``.
+      max_batch_size: static cap of a Poisson batch (default: 6 sigma above
+        q times the largest client; truncations are counted in ``dp/truncated``).
+      normalize: ``'realized'`` (|B|, the paper), ``'expected'`` (q n_k) or a
+        number.
+      clip_method, chunk_size: ``'auto'`` (ghost norms when the model allows,
+        else nested vmap with a warning; metric ``dp/ghost``), ``'ghost'``,
+        ``'vmap'``; ``chunk_size`` bounds the nested-vmap memory.
+      cohort_size, cohort, server_optimizer, aggregator, weighted, attack,
+        malicious, engine, unroll: as in :func:`fedavg`.
+
+    Raises:
+      ValueError: naming the argument, for out-of-range values.
+    """
+    dp = make_dp_config(clip, noise_multiplier, sampling, sampling_rate,
+                        max_batch_size, normalize, clip_method, chunk_size)
+    cfg = make_local_config(client_lr, num_local_steps, batch_size,
+                            "with_replacement" if sampling == "poisson" else sampling,
+                            unroll)
+    check_cohort(cohort_size, cohort)
+    engine = engine or EngineConfig()
+    solver = global_solver(model, cfg, aggregator=aggregator or mean(weighted=weighted),
+                           server_optimizer=server_optimizer or optax.sgd(1.0),
+                           attack=attack, malicious=malicious)
+    client_update = dp_client_update(model, cfg, dp, sampling, solver, attack,
+                                     malicious)
+
+    def init(key, data):
+        check_malicious(malicious, data.num_clients)
+        return AlgorithmState(solver.init(key), (), jnp.zeros((), jnp.int32))
+
+    def build(num_clients):
+        check_malicious(malicious, num_clients)
+        m = resolve_cohort_size(cohort_size, cohort, num_clients)
+
+        def client_fn(server, client_state, cid, key, data):
+            return client_update(server, cid, key, data, m)
+
+        return federated_round(client_fn, solver.server_fn, cohort_size=m,
+                               cohort=cohort, engine=engine,
+                               linear_weights=solver.aggregator.linear_weights)
+
+    def eval_models(state, data, key):
+        return {"global": ModelView(model, state.server.params, False)}
+
+    return Algorithm(init, _Deferred(build), eval_models)

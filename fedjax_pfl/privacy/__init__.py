@@ -1,0 +1,35 @@
+"""Differential privacy: per-example clipping (nested vmap and ghost norms),
+Gaussian noise, Poisson sampling, client-level DP for any aggregator, fair
+clipping (FedFDP), and accounting on the host with ``dp_accounting``.
+
+See docs/privacy.md.
+"""
+
+from ._accounting import ACCOUNTANTS as ACCOUNTANTS
+from ._accounting import DEFAULT_ORDERS as DEFAULT_ORDERS
+from ._accounting import INTEGER_ORDERS as INTEGER_ORDERS
+from ._accounting import client_level_event as client_level_event
+from ._accounting import dp_sgd_event as dp_sgd_event
+from ._accounting import epsilon as epsilon
+from ._accounting import fedfdp_event as fedfdp_event
+from ._accounting import max_rounds as max_rounds
+from ._accounting import sampled_gaussian_event as sampled_gaussian_event
+from ._client_dp import client_level_dp as client_level_dp
+from ._client_dp import clip_updates as clip_updates
+from ._clip import FAIR_CLIP_MODES as FAIR_CLIP_MODES
+from ._clip import METHODS as METHODS
+from ._clip import clip_factor as clip_factor
+from ._clip import clipped_grad as clipped_grad
+from ._clip import example_loss as example_loss
+from ._ghost import ghost_plan as ghost_plan
+from ._local import NORMALIZERS as NORMALIZERS
+from ._local import DPConfig as DPConfig
+from ._local import dp_local_train as dp_local_train
+from ._local import make_dp_config as make_dp_config
+from ._noise import gaussian_noise as gaussian_noise
+from ._noise import noise_std as noise_std
+from ._noise import private_grad as private_grad
+from ._noise import release_loss as release_loss
+from ._sampling import default_max_batch_size as default_max_batch_size
+from ._sampling import poisson_batch_indices as poisson_batch_indices
+from ._sampling import truncation_probability as truncation_probability

@@ -1,0 +1,185 @@
+"""Local DP-SGD for ONE client: the private counterpart of ``core.local_train``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from fedjax_pfl.core._clients import check_nonnegative, check_positive, is_concrete
+from fedjax_pfl.data._federated import (
+    SAMPLING_MODES,
+    client_batch_indices,
+    gather_batch,
+)
+from fedjax_pfl.models._model import Model, Params
+
+from ._clip import FAIR_CLIP_MODES, METHODS
+from ._noise import private_grad
+from ._sampling import check_rate, default_max_batch_size, poisson_batch_indices
+
+NORMALIZERS = ("realized", "expected")
+DP_SAMPLING = ("poisson", *SAMPLING_MODES)
+NOISE_TAG = 13  # fold_in tag of the DP noise stream (batches use the key itself)
+
+
+class DPConfig(NamedTuple):
+    """Sample-level DP-SGD settings of the local step.
+
+    Attributes:
+      clip: per-example L2 bound C (traceable; ``inf`` = no clipping).
+      noise_multiplier: sigma; the noise std is ``sigma * C`` (traceable).
+      sampling_rate: q of Poisson sampling (``sampling='poisson'``), else None.
+      max_batch_size: static cap of a Poisson batch (``None``: from the largest
+        client, :func:`default_max_batch_size`).
+      normalize: ``"realized"`` (divide by |B_i|, the paper's eq. 12; an empty
+        batch divides by 1), ``"expected"`` (q n_i, Opacus-style; the batch size
+        for non-Poisson sampling) or a positive number (the authors' code: 64).
+      clip_method, chunk_size: see :func:`fedjax_pfl.privacy.clipped_grad`.
+      fair_clip: the weighted clip rule (FedFDP only).
+    """
+
+    clip: float | jax.Array
+    noise_multiplier: float | jax.Array
+    sampling_rate: float | jax.Array | None = None
+    max_batch_size: int | None = None
+    normalize: str | float = "realized"
+    clip_method: str = "auto"
+    chunk_size: int | None = None
+    fair_clip: str = "sign_preserving"
+
+
+def make_dp_config(clip, noise_multiplier, sampling, sampling_rate=None,
+                   max_batch_size=None, normalize="realized", clip_method="auto",
+                   chunk_size=None, fair_clip="sign_preserving") -> DPConfig:
+    """Validates the DP arguments (``ValueError`` naming the argument)."""
+    if is_concrete(clip) and not (np.all(np.asarray(clip, np.float64) > 0)):
+        raise ValueError(f"clip: must be positive (inf disables clipping), got {clip!r}")
+    check_nonnegative("noise_multiplier", noise_multiplier)
+    if sampling not in DP_SAMPLING:
+        raise ValueError(f"sampling: must be one of {DP_SAMPLING}, got {sampling!r}")
+    if sampling == "poisson":
+        if sampling_rate is None:
+            raise ValueError("sampling_rate: Poisson sampling needs the rate q in (0, 1]")
+        check_rate("sampling_rate", sampling_rate)
+    if max_batch_size is not None and (
+            not isinstance(max_batch_size, int) or max_batch_size < 1):
+        raise ValueError(f"max_batch_size: must be a positive integer, got "
+                         f"{max_batch_size!r}")
+    if isinstance(normalize, str):
+        if normalize not in NORMALIZERS:
+            raise ValueError(f"normalize: must be one of {NORMALIZERS} or a positive "
+                             f"number, got {normalize!r}")
+    else:
+        check_positive("normalize", normalize)
+    if clip_method not in METHODS:
+        raise ValueError(f"clip_method: must be one of {METHODS}, got {clip_method!r}")
+    if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
+        raise ValueError(f"chunk_size: must be a positive integer, got {chunk_size!r}")
+    if fair_clip not in FAIR_CLIP_MODES:
+        raise ValueError(f"fair_clip: must be one of {FAIR_CLIP_MODES}, got "
+                         f"{fair_clip!r}")
+    return DPConfig(clip, noise_multiplier,
+                    sampling_rate if sampling == "poisson" else None, max_batch_size,
+                    normalize, clip_method, chunk_size, fair_clip)
+
+
+def dp_batches(split, client, key, *, num_steps, batch_size, sampling, dp: DPConfig):
+    """``(rows, mask, truncated)`` for ``num_steps`` steps (``truncated`` is 0
+    without Poisson sampling). Non-Poisson modes draw exactly the rows that
+    :func:`fedjax_pfl.core.local_train` draws with the same key."""
+    if sampling == "poisson":
+        cap = dp.max_batch_size
+        if cap is None:
+            if not is_concrete(dp.sampling_rate):
+                raise ValueError("max_batch_size: needed when sampling_rate is traced")
+            cap = default_max_batch_size(float(dp.sampling_rate), split.max_count)
+        return poisson_batch_indices(split, client, key, q=dp.sampling_rate,
+                                     num_steps=num_steps, max_batch_size=cap)
+    rows, mask = client_batch_indices(split, client, key, num_steps=num_steps,
+                                      batch_size=batch_size, sampling=sampling)
+    return rows, mask, jnp.zeros((num_steps,), jnp.int32)
+
+
+def denominator(dp: DPConfig, mask, count, batch_size) -> jax.Array:
+    if dp.normalize == "realized":
+        return jnp.maximum(jnp.sum(mask), 1.0)
+    if dp.normalize == "expected":
+        if dp.sampling_rate is not None:
+            return jnp.maximum(dp.sampling_rate * count.astype(jnp.float32), 1e-12)
+        return jnp.float32(batch_size)
+    return jnp.float32(dp.normalize)
+
+
+def dp_local_train(
+    model: Model,
+    params: Params,
+    split,
+    client: jax.Array,
+    key: jax.Array,
+    *,
+    lr,
+    num_steps: int,
+    batch_size: int,
+    sampling: str,
+    dp: DPConfig,
+    unroll: int | bool = 1,
+    weight_fn: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
+) -> tuple[Params, jax.Array, dict]:
+    """``num_steps`` DP-SGD steps (SGD with step ``lr``) on one client's data.
+
+    Each step draws a batch (Poisson with rate ``dp.sampling_rate``, or a mode of
+    :func:`fedjax_pfl.data.client_batch_indices`), clips each example's gradient
+    to ``dp.clip``, adds ``N(0, (sigma C)^2)`` to the sum and divides by the
+    normaliser. Noise keys are ``fold_in(fold_in(key, NOISE_TAG), step)``.
+    ``weight_fn(losses, mask)`` gives per-example (fairness) weights, clipped by
+    ``dp.fair_clip`` (see :func:`fedjax_pfl.privacy.clip_factor`).
+
+    Returns:
+      ``(params, mean minibatch loss, metrics)`` with ``dp/batch_size`` (mean
+      realised batch size), ``dp/clipped_fraction`` (share of examples whose
+      factor is below their weight), ``dp/truncated`` (Poisson rows dropped by
+      the cap, summed over steps) and ``dp/ghost`` (1 on the ghost-norm path).
+    """
+    rows, mask, truncated = dp_batches(split, client, key, num_steps=num_steps,
+                                       batch_size=batch_size, sampling=sampling, dp=dp)
+    nkey = jax.random.fold_in(key, NOISE_TAG)
+    count = split.counts[client]
+    opt = optax.sgd(lr)
+    ghost = []
+
+    def step(carry, inputs):
+        p, opt_state = carry
+        i, r, m = inputs
+        b = gather_batch(split, r, m)
+        den = denominator(dp, b.mask, count, batch_size)
+        g, info = private_grad(
+            model, p, b.x, b.y, b.mask, jax.random.fold_in(nkey, i), clip=dp.clip,
+            noise_multiplier=dp.noise_multiplier, denominator=den,
+            method=dp.clip_method, chunk_size=dp.chunk_size, weight_fn=weight_fn,
+            fair_clip=dp.fair_clip)
+        ghost.append(info["ghost"])
+        upd, opt_state = opt.update(g, opt_state, p)
+        n_real = jnp.sum(b.mask)
+        loss = jnp.sum(info["losses"] * b.mask) / jnp.maximum(n_real, 1.0)
+        if model.regularizer is not None:
+            loss = loss + model.regularizer(p)
+        w = 1.0 if weight_fn is None else jnp.abs(weight_fn(info["losses"], b.mask))
+        clipped = jnp.sum((jnp.abs(info["factors"]) < w * (1 - 1e-6)) * b.mask)
+        return (optax.apply_updates(p, upd), opt_state), (loss, n_real, clipped)
+
+    (params, _), (losses, sizes, clipped) = jax.lax.scan(
+        step, (params, opt.init(params)), (jnp.arange(num_steps), rows, mask),
+        unroll=unroll)
+    metrics = {
+        "dp/batch_size": jnp.mean(sizes),
+        "dp/clipped_fraction": jnp.sum(clipped) / jnp.maximum(jnp.sum(sizes), 1.0),
+        "dp/truncated": jnp.sum(truncated).astype(jnp.float32),
+        "dp/ghost": jnp.float32(bool(ghost and ghost[0])),
+    }
+    return params, jnp.mean(losses), metrics
+

@@ -1,0 +1,56 @@
+"""Poisson sampling of one client's minibatches inside jit (static cap + mask)."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def default_max_batch_size(q: float, n: int) -> int:
+    """``min(n, ceil(q n + 6 sqrt(q n) + 1))``: the static cap of a Poisson(q)
+    batch from ``n`` examples (spec §4.4); see :func:`truncation_probability`."""
+    mu = q * n
+    return int(min(n, math.ceil(mu + 6.0 * math.sqrt(mu) + 1.0)))
+
+
+def truncation_probability(q: float, n: int, max_batch_size: int) -> float:
+    """``P(Binomial(n, q) > max_batch_size)``: the chance that one step's Poisson
+    batch is truncated (on the host, with scipy)."""
+    from scipy.stats import binom
+
+    return float(binom.sf(max_batch_size, n, q))
+
+
+def poisson_batch_indices(split, client, key, *, q, num_steps: int,
+                          max_batch_size: int):
+    """Poisson-sampled batches of one client: each of its rows is in a step's
+    batch independently with probability ``q``.
+
+    Returns ``(rows [num_steps, cap], mask [num_steps, cap], truncated
+    [num_steps])``: rows index the flat ``split``; ``mask`` marks the sampled rows;
+    batches larger than the static ``cap = max_batch_size`` keep their first
+    ``cap`` sampled rows (in data order) and ``truncated`` counts the dropped ones
+    (should be 0; a truncation changes the sampling distribution, so report it).
+    An empty batch is allowed (all-zero mask).
+    """
+    m = split.max_count
+    count = split.counts[client]
+    u = jax.random.uniform(key, (num_steps, m))
+    take = (u < q) & (jnp.arange(m)[None, :] < count)
+    n_taken = jnp.sum(take, axis=1, dtype=jnp.int32)
+    idx = jax.vmap(lambda t: jnp.nonzero(t, size=max_batch_size, fill_value=0)[0])(take)
+    mask = (jnp.arange(max_batch_size)[None, :] < n_taken[:, None]).astype(jnp.float32)
+    truncated = jnp.maximum(n_taken - max_batch_size, 0)
+    rows = split.offsets[client] + jnp.where(mask > 0, idx, 0).astype(jnp.int32)
+    return rows, mask, truncated
+
+
+def check_rate(name: str, q) -> None:
+    if isinstance(q, jax.core.Tracer):
+        return
+    arr = np.asarray(q, dtype=np.float64)
+    if arr.ndim != 0 or not (0.0 < float(arr) <= 1.0):
+        raise ValueError(f"{name}: must be a probability in (0, 1], got {q!r}")

@@ -1,0 +1,89 @@
+"""Accounting through dp_accounting against specs/fedfdp.md §11 (epsilon table,
+largest T, the Abadi cross-check, the closed-form RDP at order 2) and PLD."""
+
+import dp_accounting
+import numpy as np
+import pytest
+
+from fedjax_pfl import privacy
+
+Q, DELTA = 0.05, 1e-5
+ORD = privacy.INTEGER_ORDERS  # the orders of the spec's table
+
+
+@pytest.mark.parametrize("sigma,sigma_loss,rounds,eps", [
+    (2, None, 100, 1.2222), (2, None, 1000, 4.0260), (1, None, 100, 4.1117),
+    (1, None, 1000, 12.0629), (2, 1, 100, 4.2973), (2, 2, 100, 1.7229),
+    (1, 1, 100, 5.3711)])
+def test_epsilon_table(sigma, sigma_loss, rounds, eps):
+    ev = privacy.fedfdp_event(Q, sigma, rounds, sigma_loss)
+    assert privacy.epsilon(ev, DELTA, orders=ORD) == pytest.approx(eps, rel=0.01)
+    # the richer default orders can only lower epsilon
+    assert privacy.epsilon(ev, DELTA) <= privacy.epsilon(ev, DELTA, orders=ORD) + 1e-9
+
+
+def test_local_steps_compose_like_rounds():
+    a = privacy.epsilon(privacy.dp_sgd_event(Q, 2.0, 50, num_local_steps=2), DELTA)
+    b = privacy.epsilon(privacy.dp_sgd_event(Q, 2.0, 100), DELTA)
+    assert a == b
+
+
+@pytest.mark.parametrize("target,sigma,sigma_loss,expected", [
+    (1.0, 2, None, 65), (3.52, 2, None, 776), (3.52, 1, None, 68),
+    (3.52, 2, 5, 683), (3.52, 2, 2.5, 486), (1.0, 2, 1, 0)])
+def test_max_rounds(target, sigma, sigma_loss, expected):
+    def event(t):
+        return privacy.fedfdp_event(Q, sigma, t, sigma_loss)
+
+    t = privacy.max_rounds(target, DELTA, event, orders=ORD)
+    assert t == pytest.approx(expected, rel=0.01)
+    if t > 0:  # the defining property, whatever the exact count
+        assert privacy.epsilon(event(t), DELTA, orders=ORD) <= target
+    assert privacy.epsilon(event(t + 1), DELTA, orders=ORD) > target
+
+
+def test_abadi_cross_check_and_order_two_closed_form():
+    ev = privacy.sampled_gaussian_event(256 / 60000, 1.1, 14063)
+    assert privacy.epsilon(ev, DELTA, orders=ORD) == pytest.approx(2.5971, rel=0.01)
+    # one step, alpha = 2: R = log(1 + q^2 (e^{1/sigma^2} - 1)) = 0.004286504...
+    eps = privacy.epsilon(privacy.sampled_gaussian_event(Q, 1.0, 1), DELTA,
+                          orders=[2.0])
+    rdp = eps - np.log(0.5) + (np.log(DELTA) + np.log(2.0))  # Balle conversion
+    assert rdp == pytest.approx(np.log1p(Q**2 * np.expm1(1.0)), rel=1e-6)
+    assert rdp == pytest.approx(0.004286504, rel=1e-6)
+
+
+def test_pld_accountant():
+    # no subsampling: PLD is (near) exact for the Gaussian mechanism
+    ev = privacy.sampled_gaussian_event(1.0, 3.0, 1)
+    exact = dp_accounting.get_epsilon_gaussian(3.0, DELTA)
+    assert privacy.epsilon(ev, DELTA, accountant="pld") == pytest.approx(exact, rel=0.01)
+    # subsampled: PLD is tighter than RDP, and not absurdly so
+    ev = privacy.sampled_gaussian_event(0.01, 1.1, 1000)
+    pld = privacy.epsilon(ev, DELTA, accountant="pld")
+    rdp = privacy.epsilon(ev, DELTA)
+    assert 0.8 * rdp < pld < rdp
+
+
+def test_client_level_event():
+    ev = privacy.client_level_event(10, 100, 1.0, 50)
+    assert privacy.epsilon(ev, DELTA) == privacy.epsilon(
+        privacy.sampled_gaussian_event(0.1, 1.0, 50), DELTA)
+    with pytest.raises(ValueError, match="cohort_size"):
+        privacy.client_level_event(200, 100, 1.0, 50)
+
+
+def test_bad_arguments():
+    ev = privacy.dp_sgd_event(Q, 1.0, 10)
+    for kw, name in [({"delta": 0.0}, "delta"), ({"delta": 1.0}, "delta"),
+                     ({"delta": 1e-5, "accountant": "moments"}, "accountant")]:
+        with pytest.raises(ValueError, match=name):
+            privacy.epsilon(ev, **kw)
+    with pytest.raises(ValueError, match="sampling_rate"):
+        privacy.dp_sgd_event(1.5, 1.0, 10)
+    with pytest.raises(ValueError, match="noise_multiplier"):
+        privacy.dp_sgd_event(0.1, 0.0, 10)
+    with pytest.raises(ValueError, match="count"):
+        privacy.sampled_gaussian_event(0.1, 1.0, -1)
+    with pytest.raises(ValueError, match="target_epsilon"):
+        privacy.max_rounds(-1.0, DELTA, lambda t: privacy.dp_sgd_event(Q, 1.0, t))
