@@ -31,6 +31,30 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from throughput import _meta, _timed, write_jsonl
 
 
+def report(path: str) -> str:
+    """Markdown tables of the records of a ``--out`` file."""
+    with open(path) as fh:
+        recs = [json.loads(line) for line in fh]
+    lines = ["| model | clients | lambdas | rounds | sweep s (1 program) | separate s | "
+             "separate / sweep | max abs diff of final accuracy |",
+             "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['model']} | {r['clients']} | {r['num_lams']} | {r['rounds']} | "
+              f"{r['sweep_s']:.1f} | {r['separate_s']:.1f} | **{r['speedup']:.2f}** | "
+              f"{r['max_abs_diff_accuracy']:.1e} |"
+              for r in recs if r["measure"] == "lambda_sweep"]
+    lines += ["", "| model | clients | FedAvg round s | Ditto round s | Ditto / FedAvg |",
+              "|---|---|---|---|---|"]
+    rounds = {}
+    for r in recs:
+        if r["measure"] == "round":
+            rounds[(r["model"], r["clients"], r["algorithm"])] = r["round_s"]
+        elif r["measure"] == "round_ratio":
+            f, d = (rounds[(r["model"], r["clients"], a)] for a in ("fedavg", "ditto"))
+            lines.append(f"| {r['model']} | {r['clients']} | {f:.4f} | {d:.4f} | "
+                         f"**{r['ditto_over_fedavg']:.2f}** |")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--lams", type=float, nargs="+",
@@ -42,7 +66,12 @@ def main(argv=None):
     p.add_argument("--model", default="logreg", choices=["logreg", "mlp"])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", default=None)
+    p.add_argument("--report", default=None, metavar="JSONL",
+                   help="print a markdown table of a --out file and exit")
     args = p.parse_args(argv)
+    if args.report:
+        print(report(args.report))
+        return []
     meta = _meta()
     fed = data.fedprox_synthetic(1.0, 1.0, num_clients=args.clients, max_size=500)
     model = (models.logistic_regression((60,), 10) if args.model == "logreg"

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import time
 
 import jax
@@ -23,6 +25,9 @@ import numpy as np
 
 from fedjax_pfl import algorithms, attacks, data, metrics, models
 from fedjax_pfl.core import EngineConfig, participation_counts, simulate
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from throughput import write_jsonl  # noqa: E402
 
 BINS = ((0, 0), (1, 2), (3, 5), (6, 10), (11, 10**9))  # rounds a client took part in
 
@@ -71,7 +76,8 @@ def report(path: str) -> str:
     last = {}
     with open(path) as fh:
         for r in map(json.loads, fh):
-            last[(r["run"], r["attack"], r["ratio"], r["lam_selection"])] = r
+            if "by_participation" not in r:
+                last[(r["run"], r["attack"], r["ratio"], r["lam_selection"])] = r
     lines = ["| setting | model | rounds | benign mean acc | std | worst 10 % | "
              "paper, Table 9 (5,000 rounds) |", "|---|---|---|---|---|---|---|"]
     for (run, attack, ratio, sel), r in sorted(last.items()):
@@ -128,9 +134,21 @@ def main(argv=None):
           f"{args.attack} {args.ratio:.0%} ({int(threat.malicious.sum())} malicious)")
     for run in args.runs:
         t0 = time.perf_counter()
+        tag = {"run": run, "attack": args.attack, "ratio": args.ratio,
+               "lam_selection": args.lam_selection if run == "ditto" else "fixed",
+               "lam": args.lam if run == "ditto" else 0.0, "seed": args.seed}
+
+        def log(state, row, tag=tag, t0=t0):
+            # every evaluation is written as it happens: a long run stopped early
+            # keeps its history
+            rec = {**tag, "wall_s": time.perf_counter() - t0, **row}
+            records.append(rec)
+            write_jsonl(args.out, [rec])
+
         res = simulate(algs[run], fed, num_rounds=args.rounds,
                        eval_every=args.eval_every, key=jax.random.key(args.seed),
-                       eval_mask=threat.benign, splits=("test",), progress=True)
+                       eval_mask=threat.benign, splits=("test",), progress=True,
+                       callback=log)
         wall = time.perf_counter() - t0
         groups = by_participation(algs[run], res.state, fed, jax.random.key(args.seed),
                                   threat.benign, 10, args.rounds)
@@ -139,17 +157,9 @@ def main(argv=None):
                   f"{g['clients']} benign clients, mean acc " + ", ".join(
                       f"{v} {g[v]:.3f}" for v in ("global", "personal")
                       if g.get(v) is not None))
-        for row in res.history:
-            rec = {"run": run, "attack": args.attack, "ratio": args.ratio,
-                   "lam_selection": args.lam_selection if run == "ditto" else "fixed",
-                   "lam": args.lam if run == "ditto" else 0.0, "seed": args.seed,
-                   "wall_s": wall, **row}
-            if row is res.history[-1]:
-                rec["by_participation"] = groups
-            records.append(rec)
-            if args.out:
-                with open(args.out, "a") as fh:
-                    fh.write(json.dumps(rec) + "\n")
+        records[-1]["by_participation"] = groups
+        write_jsonl(args.out, [{**tag, "round": res.history[-1]["round"],
+                                "by_participation": groups}])
         last = res.history[-1]
         for view in ("global", "personal"):
             k = f"{view}/test/accuracy"

@@ -216,7 +216,7 @@ def main(argv=None):
                 print(f"{name:<7}{c:>8}{variant:>14}{comp:>11.2f}{t:>10.4f}"
                       f"{1 / t:>10.2f}{steps_per_s:>16.0f}{base_t / t:>9.2f}")
                 sys.stdout.flush()
-    write_jsonl(args.out, records)
+            write_jsonl(args.out, records[-len(results):])  # each config as it ends
     return records
 
 
