@@ -16,13 +16,14 @@ def _per_example(model: Model, params, x, y):
 
 
 def evaluate_split(
-    view: ModelView, split: Split, *, chunk_size: int = 512
+    view: ModelView, split: Split, *, chunk_size: int = 512, row_chunk: int = 64
 ) -> dict[str, jax.Array]:
     """Per-client mean loss and accuracy on one split, all clients in one call.
 
     A shared model runs over all rows in chunks and the results are summed per
     client (``segment_sum``); personal models run client by client over each
-    client's rows (padded to the split's largest client, masked).
+    client's own rows in chunks of ``row_chunk`` (the last one masked), never
+    padded to the split's largest client.
 
     Returns:
       ``{'loss': [C], 'accuracy': [C], 'count': [C]}``; clients with no rows get
@@ -47,19 +48,27 @@ def evaluate_split(
         loss_sum = jax.ops.segment_sum(loss, owner, num_clients)
         score_sum = jax.ops.segment_sum(score, owner, num_clients)
     else:
-        m = split.max_count
-        ar = jnp.arange(m)
+        # Each client's rows in fixed chunks of ``b``, as many as the client needs
+        # (a dynamic trip count): O(total rows + clients * b) work, not
+        # O(clients * largest client) (12x less for Ditto's FMNIST test split).
+        b = max(1, min(split.max_count, row_chunk))
+        ar = jnp.arange(b)
 
         def one(params, offset, count):
-            rows = offset + jnp.minimum(ar, jnp.maximum(count - 1, 0))
-            mask = (ar < count).astype(jnp.float32)
-            loss, score = _per_example(model, params, split.x[rows], split.y[rows])
-            return jnp.sum(loss * mask), jnp.sum(score * mask)
+            def body(j, acc):
+                idx = j * b + ar
+                rows = offset + jnp.minimum(idx, jnp.maximum(count - 1, 0))
+                mask = (idx < count).astype(jnp.float32)
+                loss, score = _per_example(model, params, split.x[rows], split.y[rows])
+                return acc[0] + jnp.sum(loss * mask), acc[1] + jnp.sum(score * mask)
+
+            zero = jnp.zeros((), jnp.float32)
+            return jax.lax.fori_loop(0, (count + b - 1) // b, body, (zero, zero))
 
         loss_sum, score_sum = jax.lax.map(
             lambda a: one(*a),
             (view.params, split.offsets, counts),
-            batch_size=max(1, min(num_clients, chunk_size // max(m, 1))),
+            batch_size=max(1, min(num_clients, chunk_size // b)),
         )
     denom = counts.astype(jnp.float32)
     safe = jnp.where(denom > 0, denom, jnp.nan)

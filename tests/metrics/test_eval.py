@@ -56,3 +56,29 @@ def test_shared_and_personal_eval_agree_and_match_manual():
     out = evaluate({"g": ModelView(model, p, False)}, d, splits=("train",),
                    per_client=True)
     assert out["g/train/accuracy/per_client"].shape == (3,)
+
+
+def test_personal_eval_in_row_chunks_matches_each_clients_own_model():
+    """Several chunks per client, a partial last chunk, and a client with no
+    rows: every client's own parameters on exactly its own rows."""
+    rng = np.random.default_rng(1)
+    test = [(rng.normal(size=(n, 4)).astype(np.float32), rng.integers(0, 3, n))
+            for n in (9, 1, 0, 4)]
+    train = [(rng.normal(size=(2, 4)).astype(np.float32), rng.integers(0, 3, 2))
+             for _ in test]
+    d = fdata.from_client_arrays(train, test=test)
+    model = models.logistic_regression((4,), 3)
+    params = [model.init(jax.random.key(i)) for i in range(4)]
+    stacked = jax.tree.map(lambda *a: jnp.stack(a), *params)
+    for row_chunk in (1, 4, 64):
+        res = evaluate_split(ModelView(model, stacked, True), d.test,
+                             row_chunk=row_chunk, chunk_size=8)
+        assert np.isnan(res["loss"][2]) and int(res["count"][2]) == 0
+        for c, (x, y) in enumerate(test):
+            if not len(y):
+                continue
+            out = model.apply(params[c], x)
+            np.testing.assert_allclose(res["loss"][c],
+                                       np.mean(models.cross_entropy(out, y)), rtol=1e-5)
+            np.testing.assert_allclose(res["accuracy"][c],
+                                       np.mean(np.argmax(out, -1) == y), atol=1e-6)
