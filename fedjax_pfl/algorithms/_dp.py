@@ -20,19 +20,17 @@ import optax
 from fedjax_pfl.aggregators import Aggregator, mean
 from fedjax_pfl.attacks import attack_update
 from fedjax_pfl.core._local import client_loss
-from fedjax_pfl.core._round import EngineConfig, federated_round
-from fedjax_pfl.core._types import Algorithm, AlgorithmState, ClientResult, ModelView
+from fedjax_pfl.core._round import EngineConfig
+from fedjax_pfl.core._types import Algorithm, ClientResult, ModelView
 from fedjax_pfl.models._model import Model
 from fedjax_pfl.privacy._local import DPConfig, dp_local_train, make_dp_config
 
 from ._fedavg import (
     ATTACK_TAG,
-    _Deferred,
     check_cohort,
-    check_malicious,
     global_solver,
     make_local_config,
-    resolve_cohort_size,
+    stateless_algorithm,
 )
 
 
@@ -133,22 +131,9 @@ def dp_fedavg(
     client_update = dp_client_update(model, cfg, dp, sampling, solver, attack,
                                      malicious)
 
-    def init(key, data):
-        check_malicious(malicious, data.num_clients)
-        return AlgorithmState(solver.init(key), (), jnp.zeros((), jnp.int32))
-
-    def build(num_clients):
-        check_malicious(malicious, num_clients)
-        m = resolve_cohort_size(cohort_size, cohort, num_clients)
-
-        def client_fn(server, client_state, cid, key, data):
-            return client_update(server, cid, key, data, m)
-
-        return federated_round(client_fn, solver.server_fn, cohort_size=m,
-                               cohort=cohort, engine=engine,
-                               linear_weights=solver.aggregator.linear_weights)
-
     def eval_models(state, data, key):
         return {"global": ModelView(model, state.server.params, False)}
 
-    return Algorithm(init, _Deferred(build), eval_models)
+    return stateless_algorithm(solver, client_update, eval_models,
+                               cohort_size=cohort_size, cohort=cohort, engine=engine,
+                               malicious=malicious)

@@ -263,6 +263,22 @@ def fedavg(
                            server_optimizer=server_optimizer or optax.sgd(1.0),
                            attack=attack, malicious=malicious)
 
+    def eval_models(state, data, key):
+        out = {"global": ModelView(model, state.server.params, False)}
+        out.update(finetune_views(model, state.server.params, data, key, ft_cfg, engine))
+        return out
+
+    return stateless_algorithm(solver, solver.client_update, eval_models,
+                               cohort_size=cohort_size, cohort=cohort, engine=engine,
+                               malicious=malicious)
+
+
+def stateless_algorithm(solver: GlobalSolver, client_update, eval_models, *,
+                        cohort_size, cohort, engine, malicious) -> Algorithm:
+    """An :class:`Algorithm` whose clients keep no state: ``client_update``
+    (``GlobalSolver.client_update``'s signature) lifted over the cohort, then
+    ``solver.server_fn`` (FedAvg, DP-FedAvg, ...)."""
+
     def init(key, data):
         check_malicious(malicious, data.num_clients)
         return AlgorithmState(solver.init(key), (), jnp.zeros((), jnp.int32))
@@ -272,16 +288,11 @@ def fedavg(
         m = resolve_cohort_size(cohort_size, cohort, num_clients)
 
         def client_fn(server, client_state, cid, key, data):
-            return solver.client_update(server, cid, key, data, m)
+            return client_update(server, cid, key, data, m)
 
         return federated_round(client_fn, solver.server_fn, cohort_size=m,
                                cohort=cohort, engine=engine,
                                linear_weights=solver.aggregator.linear_weights)
-
-    def eval_models(state, data, key):
-        out = {"global": ModelView(model, state.server.params, False)}
-        out.update(finetune_views(model, state.server.params, data, key, ft_cfg, engine))
-        return out
 
     return Algorithm(init, _Deferred(build), eval_models)
 
