@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -12,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import _checkpoint
 from ._types import Algorithm, AlgorithmState
 
 EVAL_TAG = 7  # sub-key tag for evaluation-time randomness (e.g. finetuning)
@@ -22,6 +24,17 @@ class SimulationResult(NamedTuple):
 
     state: AlgorithmState
     history: list[dict[str, Any]]
+
+    @property
+    def rounds_run(self) -> int:
+        """Rounds from the first history row to the last (fewer than
+        ``num_rounds`` when a privacy target stopped the run)."""
+        return self.history[-1]["round"] - self.history[0]["round"] if self.history else 0
+
+    @property
+    def privacy_stopped(self) -> bool:
+        """Whether the privacy monitor's ``target_epsilon`` stopped the run."""
+        return bool(self.history and self.history[-1].get("privacy/stopped", False))
 
 
 def _validate_run(num_rounds, eval_every, key) -> int:
@@ -37,6 +50,22 @@ def _validate_run(num_rounds, eval_every, key) -> int:
             f"got {type(key).__name__}"
         )
     return int(eval_every)
+
+
+def _validate_privacy(privacy) -> None:
+    needed = ("metrics", "allows", "config", "target_epsilon")
+    if privacy is not None and not all(hasattr(privacy, a) for a in needed):
+        raise ValueError("privacy: must be a fedjax_pfl.privacy.Monitor or None, got "
+                         f"{type(privacy).__name__}")
+
+
+def _truncate_jsonl(jsonl_path, saved) -> None:
+    """Drops the rows a crashed run wrote after its last checkpoint."""
+    if not (jsonl_path and saved and saved["path"] == os.path.abspath(jsonl_path)):
+        return
+    if os.path.exists(jsonl_path) and os.path.getsize(jsonl_path) > saved["bytes"]:
+        with open(jsonl_path, "r+b") as f:
+            f.truncate(saved["bytes"])
 
 
 def _chunk_lengths(num_rounds: int, eval_every: int) -> list[int]:
@@ -88,6 +117,10 @@ def simulate(
     state: AlgorithmState | None = None,
     callback: Callable[[AlgorithmState, dict], None] | None = None,
     scan_rounds: bool | None = None,
+    checkpoint_dir: str | os.PathLike | None = None,
+    checkpoint_every: int | None = None,
+    resume: bool = False,
+    privacy: Any = None,
 ) -> SimulationResult:
     """Runs ``num_rounds`` rounds, evaluating every ``eval_every`` rounds.
 
@@ -112,19 +145,115 @@ def simulate(
       progress: show a progress bar (tqdm) with rounds/s and the latest metrics.
       jsonl_path: append each history row to this JSON-lines file.
       state: continue from this state instead of ``algorithm.init``.
-      callback: called with ``(state, row)`` after every evaluation.
+      callback: called with ``(state, row)`` after every evaluation (after the
+        checkpoint of that evaluation, if any, is written).
       scan_rounds: see above; ``None`` picks the backend's default.
+      checkpoint_dir: write atomic orbax checkpoints (state, history, rounds
+        done, the run's fingerprint) here; the last 2 are kept
+        (docs/checkpointing.md).
+      checkpoint_every: rounds between checkpoints, a multiple of ``eval_every``
+        (default ``eval_every``); the last evaluation of the run (the end, or a
+        privacy stop) is always checkpointed.
+      resume: continue from the newest readable checkpoint in ``checkpoint_dir``
+        (or start afresh if there is none); the final state and history equal
+        those of an uninterrupted run, except the wall-clock ``seconds``.
+      privacy: a :class:`fedjax_pfl.privacy.Monitor`: adds ``privacy/epsilon`` and
+        ``privacy/delta`` to every row, and with a ``target_epsilon`` stops
+        before a chunk of rounds whose end would exceed it (docs/privacy.md).
 
     Returns:
       :class:`SimulationResult` with the final state and one history row per
       evaluation (the first at the starting round).
+
+    Raises:
+      ValueError: invalid arguments; ``resume`` with a checkpoint of another run
+        (different key, schedule, starting state or privacy monitor); a
+        ``checkpoint_dir`` that holds checkpoints without ``resume``.
     """
     eval_every = _validate_run(num_rounds, eval_every, key)
+    checkpoint_every = _checkpoint.validate(checkpoint_dir, checkpoint_every, resume,
+                                            eval_every)
+    _validate_privacy(privacy)
     init_key, run_key = jax.random.split(key)
-    if state is None:
-        state = algorithm.init(init_key, data)
-    else:  # the state is donated below: never consume the caller's arrays
-        state = jax.tree.map(jnp.copy, state)
+    ckpt = restored = fingerprint = fh = bar = None
+    try:
+        if checkpoint_dir is not None:
+            template = state if state is not None else jax.eval_shape(
+                lambda k: algorithm.init(k, data), init_key)
+            fingerprint = _checkpoint.fingerprint(
+                num_rounds=num_rounds, eval_every=eval_every, run_key=run_key,
+                start_round=None if state is None else int(state.round),
+                template=template,
+                privacy=None if privacy is None else privacy.config())
+            ckpt = _checkpoint.Checkpointer(checkpoint_dir)
+            if resume:
+                restored = ckpt.restore(template, fingerprint)
+            else:
+                ckpt.require_empty()
+        if restored is not None:
+            state, history, done = restored.state, list(restored.history), \
+                restored.rounds_done
+            _truncate_jsonl(jsonl_path, restored.jsonl_bytes)
+        else:
+            history, done = [], 0
+            if state is None:
+                state = algorithm.init(init_key, data)
+            else:  # the state is donated below: never consume the caller's arrays
+                state = jax.tree.map(jnp.copy, state)
+        chunk, evaluate = _compile(algorithm, eval_mask, splits, scan_rounds)
+        lengths = _chunk_lengths(num_rounds, eval_every)
+        todo = lengths[list(np.cumsum(lengths)).index(done) + 1 if done else 0:]
+        fh = open(jsonl_path, "a") if jsonl_path else None
+
+        def record(row, done, next_chunk):
+            if privacy is not None:
+                row.update(privacy.metrics(row["round"]))
+                if privacy.target_epsilon is not None:
+                    row["privacy/stopped"] = bool(next_chunk) and not privacy.allows(
+                        row["round"] + next_chunk)
+            history.append(row)
+            if fh is not None:
+                fh.write(json.dumps(row) + "\n")
+                fh.flush()
+            if ckpt is not None and (done == num_rounds or row.get("privacy/stopped")
+                                     or (done and done % checkpoint_every == 0)):
+                saved = fh and {"path": os.path.abspath(jsonl_path), "bytes": fh.tell()}
+                ckpt.save(done, state, history, fingerprint, saved)
+            if callback is not None:
+                callback(state, row)
+
+        if progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=num_rounds, initial=done, unit="round", dynamic_ncols=True)
+        if restored is None:
+            record(_row(state.round, evaluate(state, data, run_key), None), 0,
+                   todo[0] if todo else 0)
+        for i, n in enumerate(todo):
+            if history[-1].get("privacy/stopped"):
+                break
+            t0 = time.perf_counter()
+            state, train_metrics = chunk(state, data, run_key, n)
+            ev = evaluate(state, data, run_key)
+            done += n
+            row = _row(state.round, ev, train_metrics,
+                       {"seconds": time.perf_counter() - t0})
+            record(row, done, todo[i + 1] if i + 1 < len(todo) else 0)
+            if bar is not None:
+                bar.update(n)
+                bar.set_postfix(_postfix(row), refresh=False)
+    finally:
+        if bar is not None:
+            bar.close()
+        if fh is not None:
+            fh.close()
+        if ckpt is not None:
+            ckpt.close()
+    return SimulationResult(state, history)
+
+
+def _compile(algorithm, eval_mask, splits, scan_rounds):
+    """The jitted chunk of rounds (state donated) and the jitted evaluation."""
     eval_kwargs = {"splits": tuple(splits), "mask": eval_mask}
     if scan_rounds is None:
         scan_rounds = jax.default_backend() != "cpu"
@@ -142,41 +271,7 @@ def simulate(
             return s, jax.tree.map(lambda *a: jnp.mean(jnp.stack(a), axis=0), *rows)
 
     evaluate = jax.jit(lambda s, d, k: _evaluate(algorithm, s, d, k, eval_kwargs))
-
-    history: list[dict[str, Any]] = []
-    fh = open(jsonl_path, "a") if jsonl_path else None
-
-    def record(row):
-        history.append(row)
-        if fh is not None:
-            fh.write(json.dumps(row) + "\n")
-            fh.flush()
-        if callback is not None:
-            callback(state, row)
-
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=num_rounds, unit="round", dynamic_ncols=True)
-    try:
-        record(_row(state.round, evaluate(state, data, run_key), None))
-        for n in _chunk_lengths(num_rounds, eval_every):
-            t0 = time.perf_counter()
-            state, train_metrics = chunk(state, data, run_key, n)
-            ev = evaluate(state, data, run_key)
-            row = _row(state.round, ev, train_metrics,
-                       {"seconds": time.perf_counter() - t0})
-            record(row)
-            if bar is not None:
-                bar.update(n)
-                bar.set_postfix(_postfix(row), refresh=False)
-    finally:
-        if bar is not None:
-            bar.close()
-        if fh is not None:
-            fh.close()
-    return SimulationResult(state, history)
+    return chunk, evaluate
 
 
 def _postfix(row: Mapping[str, Any]) -> dict[str, str]:

@@ -26,6 +26,7 @@ from ._local import NORMALIZERS as NORMALIZERS
 from ._local import DPConfig as DPConfig
 from ._local import dp_local_train as dp_local_train
 from ._local import make_dp_config as make_dp_config
+from ._monitor import Monitor as Monitor
 from ._noise import gaussian_noise as gaussian_noise
 from ._noise import noise_std as noise_std
 from ._noise import private_grad as private_grad
