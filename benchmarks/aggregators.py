@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from fedjax_pfl import aggregators as A
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from throughput import _meta, _timed, write_jsonl
+from throughput import _meta, _timed, parse_or_report, write_jsonl
 
 RULES = {  # name -> factory(f): f = assumed malicious clients in the cohort
     "mean": lambda f: A.mean(weighted=False),
@@ -139,12 +139,8 @@ def main(argv=None):
     p.add_argument("--moreau-delta", type=float, default=0.1)
     p.add_argument("--moreau-tol", type=float, default=1e-6)
     p.add_argument("--moreau-max-iters", type=int, default=100_000)
-    p.add_argument("--out", default=None, help="append JSON records to this file")
-    p.add_argument("--report", nargs="+", default=None, metavar="JSONL",
-                   help="print markdown tables of these records and exit")
-    args = p.parse_args(argv)
-    if args.report:
-        print(report(args.report))
+    args = parse_or_report(p, argv, report, multiple=True)
+    if args is None:
         return []
     meta = _meta()
     records = []

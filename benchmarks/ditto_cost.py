@@ -28,7 +28,7 @@ import fedjax_pfl as fp
 from fedjax_pfl import algorithms, data, models
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from throughput import _meta, _timed, write_jsonl
+from throughput import _meta, _timed, parse_or_report, write_jsonl
 
 
 def report(path: str) -> str:
@@ -65,12 +65,8 @@ def main(argv=None):
     p.add_argument("--eval-every", type=int, default=50)
     p.add_argument("--model", default="logreg", choices=["logreg", "mlp"])
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--out", default=None)
-    p.add_argument("--report", default=None, metavar="JSONL",
-                   help="print a markdown table of a --out file and exit")
-    args = p.parse_args(argv)
-    if args.report:
-        print(report(args.report))
+    args = parse_or_report(p, argv, report)
+    if args is None:
         return []
     meta = _meta()
     fed = data.fedprox_synthetic(1.0, 1.0, num_clients=args.clients, max_size=500)

@@ -27,7 +27,7 @@ from fedjax_pfl import algorithms, attacks, data, metrics, models
 from fedjax_pfl.core import EngineConfig, participation_counts, simulate
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from throughput import write_jsonl  # noqa: E402
+from throughput import parse_or_report, write_jsonl  # noqa: E402
 
 BINS = ((0, 0), (1, 2), (3, 5), (6, 10), (11, 10**9))  # rounds a client took part in
 
@@ -107,12 +107,8 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num-clients", type=int, default=500,
                    help="the paper's 500 (fewer only for smoke runs)")
-    p.add_argument("--out", default=None)
-    p.add_argument("--report", default=None, metavar="JSONL",
-                   help="print a markdown table of a --out file and exit")
-    args = p.parse_args(argv)
-    if args.report:
-        print(report(args.report))
+    args = parse_or_report(p, argv, report)
+    if args is None:
         return []
 
     fed = load(args.seed, args.num_clients)

@@ -40,7 +40,7 @@ import fedjax_pfl as fp
 from fedjax_pfl import algorithms, data, models
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from throughput import _meta, write_jsonl
+from throughput import _meta, parse_or_report, write_jsonl
 
 DATASETS = ("mnist-robust-10", "mnist-personal-10", "mnist-robust-50",
             "mnist-personal-50", "synthetic")
@@ -246,12 +246,8 @@ def main(argv=None):
                    help="label of this configuration in the records and report")
     p.add_argument("--agg-set", default="all", choices=["all", "sampled"])
     p.add_argument("--agg-method", default="irls", choices=["irls", "paper"])
-    p.add_argument("--out", default=None)
-    p.add_argument("--report", default=None, metavar="JSONL",
-                   help="print a markdown table of a --out file and exit")
-    args = p.parse_args(argv)
-    if args.report:
-        print(report(args.report))
+    args = parse_or_report(p, argv, report)
+    if args is None:
         return []
     meta = _meta()
     records = []

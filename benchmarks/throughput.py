@@ -134,6 +134,21 @@ def write_jsonl(path: str | None, records) -> None:
             fh.writelines(json.dumps(r) + "\n" for r in records)
 
 
+def parse_or_report(p: argparse.ArgumentParser, argv, report, *, multiple=False):
+    """Adds ``--out`` / ``--report`` to a benchmark's parser and parses ``argv``.
+    With ``--report JSONL`` prints ``report(path)`` (``report(paths)`` when
+    ``multiple``) and returns ``None``; else returns the parsed arguments."""
+    p.add_argument("--out", default=None, help="append JSON records to this file")
+    p.add_argument("--report", nargs="+" if multiple else None, default=None,
+                   metavar="JSONL", help="print a markdown table of these records "
+                   "and exit")
+    args = p.parse_args(argv)
+    if args.report:
+        print(report(args.report))
+        return None
+    return args
+
+
 def report(paths) -> str:
     """Markdown table of JSON records written by ``--out``."""
     lines = ["| model | clients | local steps | variant | compile s | round s | "
@@ -168,12 +183,8 @@ def main(argv=None):
     p.add_argument("--scan-rounds", type=int, default=4,
                    help="also time the default strategy with this many rounds per "
                         "lax.scan, as simulate runs them (0: skip)")
-    p.add_argument("--out", default=None, help="append JSON records to this file")
-    p.add_argument("--report", nargs="+", default=None, metavar="JSONL",
-                   help="print a markdown table of these records and exit")
-    args = p.parse_args(argv)
-    if args.report:
-        print(report(args.report))
+    args = parse_or_report(p, argv, report, multiple=True)
+    if args is None:
         return []
     meta = _meta()
     records = []
