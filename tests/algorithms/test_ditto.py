@@ -24,6 +24,10 @@ from fedjax_pfl.algorithms._ditto import PERSONAL_TAG
 from fedjax_pfl.core import EngineConfig, sample_cohort
 from fedjax_pfl.core._local import client_loss, local_train, prox_penalty
 from fedjax_pfl.core._round import CLIENT_TAG, COHORT_TAG
+from helpers import leaves_equal as _leaves_equal
+from helpers import rows_changed as _rows_changed
+from helpers import run_jitted as _run
+from helpers import take as _take
 
 MODEL = models.logistic_regression((6,), 3)
 POINT = models.mean_model(1)
@@ -46,32 +50,6 @@ def _ditto(**kw):
                 personal_steps=3, batch_size=4, cohort_size=3, unroll=1)
     base.update(kw)
     return algorithms.ditto(MODEL, **base)
-
-
-def _run(alg, data, num_rounds, key=0, state=None):
-    """``num_rounds`` jitted rounds from ``alg.init(key(1))`` (or ``state``)."""
-    if state is None:
-        state = alg.init(jax.random.key(1), data)
-    run = jax.jit(lambda s, d: fp.core.run_rounds(
-        alg, s, d, jax.random.key(key), num_rounds)[0])
-    return run(state, data)
-
-
-def _leaves_equal(a, b):
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-
-
-def _take(tree, idx):
-    """Rows ``idx`` of every leaf of a stacked pytree."""
-    return jax.tree.map(lambda a: a[idx], tree)
-
-
-def _rows_changed(old, new):
-    """``[num_clients]`` bool: clients whose stacked params differ."""
-    return np.any(np.stack([np.asarray(jnp.any(
-        (a != b).reshape(a.shape[0], -1), axis=1))
-        for a, b in zip(jax.tree.leaves(old), jax.tree.leaves(new))]), axis=0)
 
 
 def _linear_no_bias(dim):

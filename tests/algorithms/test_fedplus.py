@@ -21,6 +21,10 @@ from fedjax_pfl.core._local import local_train, prox_penalty
 from fedjax_pfl.core._round import CLIENT_TAG, COHORT_TAG
 from fedjax_pfl.data._federated import client_batch_indices, gather_batch
 from fedjax_pfl.models._model import batch_loss
+from helpers import leaves_equal as _leaves_equal
+from helpers import rows_changed as _rows_changed
+from helpers import run_jitted as _run
+from helpers import take as _take
 
 MODEL = models.logistic_regression((5,), 3)
 
@@ -65,29 +69,6 @@ def _fixed_point(quads, gamma):
     lhs = sum(a @ i for (a, _, _), i in zip(quads, inv))
     w = np.linalg.solve(lhs, sum(i @ b for (_, b, _), i in zip(quads, inv)))
     return w, np.stack([i @ (b + gamma * w) for (_, b, _), i in zip(quads, inv)])
-
-
-def _run(alg, data, num_rounds, key=0, state=None):
-    if state is None:
-        state = alg.init(jax.random.key(1), data)
-    run = jax.jit(lambda s, d: fp.core.run_rounds(
-        alg, s, d, jax.random.key(key), num_rounds)[0])
-    return run(state, data)
-
-
-def _leaves_equal(a, b):
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-
-
-def _take(tree, idx):
-    return jax.tree.map(lambda a: a[idx], tree)
-
-
-def _rows_changed(old, new):
-    return np.any(np.stack([np.asarray(jnp.any((a != b).reshape(a.shape[0], -1), 1))
-                            for a, b in zip(jax.tree.leaves(old),
-                                            jax.tree.leaves(new))]), axis=0)
 
 
 def _with_clients(state, params):

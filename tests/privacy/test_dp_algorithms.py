@@ -195,3 +195,43 @@ def test_client_level_dp_in_fedavg(data):
     assert float(m["server/update_norm"]) <= s + 1e-6
     assert np.isfinite(float(mn["server/update_norm"]))
     assert float(mn["server/update_norm"]) != float(m["server/update_norm"])
+
+
+# Ditto with DP: the global update is DP-FedAvg's, the personal models stay local
+# (Ditto paper §3.2: the same epsilon as private global training).
+DITTO = dict(LOCAL, cohort="size_weighted", weighted=False)
+
+
+def _assert_equal(a, b):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_global_model_is_dp_fedavgs_and_personal_models_stay_noise_free(data):
+    dp = dict(clip=0.5, noise_multiplier=1.0, sampling_rate=0.3)
+    ref, _ = _run(algorithms.dp_fedavg(MODEL, **dp, **DITTO), data)
+    cfg = privacy.make_dp_config(dp["clip"], dp["noise_multiplier"], "poisson",
+                                 dp["sampling_rate"])
+    st, m = _run(algorithms.ditto(MODEL, lam=1.0, dp=cfg, **DITTO), data)
+    _assert_equal(ref.server.params, st.server.params)  # the released trajectory
+    assert 0 < float(m["train/dp/clipped_fraction"]) <= 1
+    # v_k is anchored at the round-start w^t and trains without noise: after one
+    # round (same w^0, same cohort, same keys) it equals non-private Ditto's
+    one_dp, _ = _run(algorithms.ditto(MODEL, lam=1.0, dp=cfg, **DITTO), data, 1)
+    one, _ = _run(algorithms.ditto(MODEL, lam=1.0, **DITTO), data, 1)
+    _assert_equal(one.clients.personal, one_dp.clients.personal)
+    assert _diff(one.server.params, one_dp.server.params) > 0  # noise is there
+
+
+def test_no_clip_no_noise_equals_plain_ditto(data):
+    cfg = privacy.make_dp_config(jnp.inf, 0.0, "with_replacement")
+    plain, _ = _run(algorithms.ditto(MODEL, lam=0.5, **DITTO), data)
+    dp, _ = _run(algorithms.ditto(MODEL, lam=0.5, dp=cfg, **DITTO), data)
+    _assert_equal(plain.server.params, dp.server.params)
+    _assert_equal(plain.clients.personal, dp.clients.personal)
+
+
+def test_shared_batches_with_dp_rejected():
+    cfg = privacy.make_dp_config(1.0, 1.0, "poisson", 0.1)
+    with pytest.raises(ValueError, match="batches"):
+        algorithms.ditto(MODEL, dp=cfg, batches="shared")

@@ -1,0 +1,34 @@
+"""Helpers shared by the algorithm tests (importable: tests/ is on sys.path
+through its conftest.py)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import fedjax_pfl as fp
+
+
+def run_jitted(alg, data, num_rounds, key=0, state=None):
+    """``num_rounds`` jitted rounds from ``alg.init(key(1))`` (or ``state``)."""
+    if state is None:
+        state = alg.init(jax.random.key(1), data)
+    run = jax.jit(lambda s, d: fp.core.run_rounds(
+        alg, s, d, jax.random.key(key), num_rounds)[0])
+    return run(state, data)
+
+
+def leaves_equal(a, b):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def take(tree, idx):
+    """Rows ``idx`` of every leaf of a stacked pytree."""
+    return jax.tree.map(lambda a: a[idx], tree)
+
+
+def rows_changed(old, new):
+    """``[num_clients]`` bool: clients whose stacked params differ."""
+    return np.any(np.stack([np.asarray(jnp.any(
+        (a != b).reshape(a.shape[0], -1), axis=1))
+        for a, b in zip(jax.tree.leaves(old), jax.tree.leaves(new))]), axis=0)
