@@ -81,6 +81,7 @@ def summarize(
     mask: jax.Array | None = None,
     *,
     tail: float = 0.1,
+    psi_weights: jax.Array | None = None,
 ) -> dict[str, jax.Array]:
     """Fairness/robustness summaries of a per-client metric over a client mask.
 
@@ -90,7 +91,11 @@ def summarize(
       ``mean`` (weighted by ``weights``, e.g. test-set sizes: the Ditto code's
       'benign test accu'), ``mean_unweighted``, ``std`` and ``var`` (ddof=0,
       across clients; the Ditto paper's fairness measure), ``worst10``/``best10``
-      (mean of the lowest/highest ``tail`` fraction of clients, at least one).
+      (mean of the lowest/highest ``tail`` fraction of clients, at least one);
+      with ``psi_weights`` also ``psi``: the weighted variance
+      ``sum_i p_i (v_i - sum_j p_j v_j)^2`` with ``p`` the normalized
+      ``psi_weights`` (FedFDP's fairness measure Psi, eq. 6, with ``p_i``
+      proportional to the clients' training-set sizes).
     """
     valid = jnp.isfinite(values)
     if mask is not None:
@@ -110,6 +115,11 @@ def summarize(
     worst = jnp.sum(jnp.where(take > 0, low, 0.0)) / k
     best = jnp.sum(jnp.where(take > 0, high, 0.0)) / k
     nan = jnp.float32(jnp.nan)
+    extra = {}
+    if psi_weights is not None:
+        p = jnp.where(valid, psi_weights.astype(jnp.float32), 0.0)
+        p = p / jnp.maximum(jnp.sum(p), 1e-12)
+        extra["psi"] = jnp.sum(p * (v - jnp.sum(p * v)) ** 2)
     out = {
         "mean": mean_w,
         "mean_unweighted": mean_u,
@@ -117,6 +127,7 @@ def summarize(
         "var": var,
         "worst10": worst,
         "best10": best,
+        **extra,
     }
     return {key: jnp.where(n > 0, val, nan) for key, val in out.items()}
 
@@ -132,7 +143,8 @@ def evaluate(
 ) -> dict[str, jax.Array]:
     """Evaluates every model view on every split; jittable.
 
-    Returns a flat dict ``"{model}/{split}/{metric}/{summary}"`` (and, with
+    Returns a flat dict ``"{model}/{split}/{metric}/{summary}"`` (summaries of
+    :func:`summarize`, ``psi`` weighted by training-set sizes; and, with
     ``per_client=True``, also ``"{model}/{split}/{metric}/per_client"`` arrays).
     ``mask`` restricts the summaries to some clients (e.g. benign ones).
     """
@@ -144,7 +156,8 @@ def evaluate(
         for name, view in views.items():
             res = evaluate_split(view, split)
             for metric in metrics:
-                summ = summarize(res[metric], res["count"], mask)
+                summ = summarize(res[metric], res["count"], mask,
+                                 psi_weights=data.train.counts)
                 for s, val in summ.items():
                     out[f"{name}/{split_name}/{metric}/{s}"] = val
                 if per_client:

@@ -82,3 +82,16 @@ def test_personal_eval_in_row_chunks_matches_each_clients_own_model():
                                        np.mean(models.cross_entropy(out, y)), rtol=1e-5)
             np.testing.assert_allclose(res["accuracy"][c],
                                        np.mean(np.argmax(out, -1) == y), atol=1e-6)
+
+
+def test_psi_is_the_training_size_weighted_variance():
+    """FedFDP's Psi (eq. 6) on hand values: p_i = n_i / sum n over valid,
+    unmasked clients."""
+    v = jnp.array([1.0, 3.0, jnp.nan, 10.0])
+    n = jnp.array([1, 3, 5, 4])
+    s = summarize(v, jnp.ones(4), mask=jnp.array([1, 1, 1, 0]), psi_weights=n)
+    p = np.array([1, 3]) / 4
+    mean = (p * np.array([1.0, 3.0])).sum()  # 2.5
+    np.testing.assert_allclose(s["psi"], (p * (np.array([1.0, 3.0]) - mean) ** 2).sum(),
+                               rtol=1e-6)  # 0.75
+    assert "psi" not in summarize(v, jnp.ones(4))
