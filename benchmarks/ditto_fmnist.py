@@ -72,12 +72,16 @@ PAPER = {  # Table 9 (Fashion MNIST): mean (std) test accuracy over benign devic
 
 
 def report(path: str) -> str:
-    """Markdown table of the last evaluation of each run in a ``--out`` file."""
-    last = {}
+    """Markdown tables of a ``--out`` file: the last evaluation of each run, and
+    the benign clients' accuracy by how many rounds they took part in."""
+    last, groups = {}, {}
     with open(path) as fh:
         for r in map(json.loads, fh):
-            if "by_participation" not in r:
-                last[(r["run"], r["attack"], r["ratio"], r["lam_selection"])] = r
+            key = (r["run"], r["attack"], r["ratio"], r["lam_selection"])
+            if "by_participation" in r:
+                groups[key] = (r["round"], r["by_participation"])
+            else:
+                last[key] = r
     lines = ["| setting | model | rounds | benign mean acc | std | worst 10 % | "
              "paper, Table 9 (5,000 rounds) |", "|---|---|---|---|---|---|---|"]
     for (run, attack, ratio, sel), r in sorted(last.items()):
@@ -90,6 +94,17 @@ def report(path: str) -> str:
             paper = PAPER.get((attack, view if run == "ditto" else "local"), "")
             lines.append(f"| {setting} | {name} | {r['round']} | {r[k + '/mean']:.3f} "
                          f"| {r[k + '/std']:.3f} | {r[k + '/worst10']:.3f} | {paper} |")
+    if groups:
+        lines += ["", "| setting | run | rounds | took part in (rounds) | benign clients | "
+                  "global mean acc | personal mean acc |", "|---|---|---|---|---|---|---|"]
+        for (run, attack, ratio, _), (rounds, rows) in sorted(groups.items()):
+            setting = "clean" if attack == "none" else f"{attack} {ratio:.0%}"
+            for g in (g for g in rows if g["clients"]):
+                acc = {v: "" if g.get(v) is None else f"{g[v]:.3f}"
+                       for v in ("global", "personal")}
+                lines.append(f"| {setting} | {run} | {rounds} | {g['min_rounds']}-"
+                             f"{g['max_rounds']} | {g['clients']} | {acc['global']} | "
+                             f"{acc['personal']} |")
     return "\n".join(lines)
 
 
