@@ -236,8 +236,8 @@ def simulate(
             state, train_metrics = chunk(state, data, run_key, n)
             ev = evaluate(state, data, run_key)
             done += n
-            row = _row(state.round, ev, train_metrics,
-                       {"seconds": time.perf_counter() - t0})
+            row = _row(state.round, ev, train_metrics)  # blocks on the results
+            row["seconds"] = time.perf_counter() - t0  # rounds + evaluation
             record(row, done, todo[i + 1] if i + 1 < len(todo) else 0)
             if bar is not None:
                 bar.update(n)
