@@ -12,6 +12,7 @@ from ._drivers import simulate as simulate
 from ._drivers import sweep as sweep
 from ._local import local_train as local_train
 from ._round import EngineConfig as EngineConfig
+from ._round import client_mesh as client_mesh
 from ._round import federated_round as federated_round
 from ._round import participation_counts as participation_counts
 from ._round import round_cohort as round_cohort

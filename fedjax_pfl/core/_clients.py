@@ -11,7 +11,7 @@ import numpy as np
 from ._types import PyTree
 
 COHORT_MODES = ("uniform", "size_weighted", "full")
-STRATEGIES = ("vmap", "map")
+STRATEGIES = ("vmap", "map", "unroll")
 
 
 def tree_gather(tree: PyTree, ids: jax.Array) -> PyTree:
@@ -72,11 +72,17 @@ def lift(
       * ``map``: a loop over clients inside the program, ``map_batch_size`` clients
         (vmapped) at a time (``1`` = sequential; bounded memory; best on CPU). See
         :func:`map_into_buffers`.
+      * ``unroll``: the clients one after another as straight-line code, no loop
+        (program size and compile time grow with the cohort). For small cohorts
+        of conv nets on CPU, where XLA runs convolutions inside a loop body ~10x
+        slower (docs/engine.md).
     """
     if strategy == "vmap":
         return jax.vmap(fn)
     if strategy == "map":
         return lambda *args: map_into_buffers(fn, args, map_batch_size or 1)
+    if strategy == "unroll":
+        return lambda *args: _unrolled(fn, args, reduce=False)
     raise ValueError(f"strategy: must be one of {STRATEGIES}, got {strategy!r}")
 
 
@@ -97,7 +103,25 @@ def lift_sum(
     if strategy == "map":
         return lambda *args: map_into_buffers(fn, args, map_batch_size or 1,
                                               reduce=True)
+    if strategy == "unroll":
+        return lambda *args: _unrolled(fn, args, reduce=True)
     raise ValueError(f"strategy: must be one of {STRATEGIES}, got {strategy!r}")
+
+
+def _unrolled(fn: Callable, args: tuple, *, reduce: bool) -> PyTree:
+    """``fn`` on each client in turn, unrolled; summands are added in client order
+    from zero, as :func:`map_into_buffers` with batch size 1 does."""
+    n = jax.tree.leaves(args)[0].shape[0]
+    pers, acc = [], None
+    for i in range(n):
+        out = fn(*jax.tree.map(lambda a, i=i: a[i], args))
+        per, add = out if reduce else (out, None)
+        pers.append(per)
+        if reduce:
+            acc = jax.tree.map(jnp.add, jax.tree.map(jnp.zeros_like, add)
+                               if acc is None else acc, add)
+    stacked = jax.tree.map(lambda *p: jnp.stack(p), *pers)
+    return (stacked, acc) if reduce else stacked
 
 
 def map_into_buffers(

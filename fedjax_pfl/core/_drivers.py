@@ -203,7 +203,10 @@ def simulate(
         chunk, evaluate = _compile(algorithm, eval_mask, splits, scan_rounds)
         lengths = _chunk_lengths(num_rounds, eval_every)
         todo = lengths[list(np.cumsum(lengths)).index(done) + 1 if done else 0:]
-        fh = open(jsonl_path, "a") if jsonl_path else None
+        # multi-process runs: every process runs the same program; only the
+        # first writes the history file and shows the progress bar
+        main_process = jax.process_index() == 0
+        fh = open(jsonl_path, "a") if jsonl_path and main_process else None
 
         def record(row, done, next_chunk):
             if privacy is not None:
@@ -222,7 +225,7 @@ def simulate(
             if callback is not None:
                 callback(state, row)
 
-        if progress:
+        if progress and main_process:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=num_rounds, initial=done, unit="round", dynamic_ncols=True)

@@ -39,6 +39,22 @@ def prox_penalty(lam, anchor: Params) -> Callable[[Params], jax.Array]:
     return penalty
 
 
+def scan_steps(step, carry, xs, unroll):
+    """``lax.scan(step, carry, xs, unroll=unroll)``, except that a full unroll
+    (``unroll is True`` or ``>=`` the length) is a Python loop: straight-line code
+    with no ``while`` at all. ``lax.scan(unroll=True)`` still wraps the body in a
+    one-trip ``while``, and XLA:CPU runs convolutions inside a ``while`` body
+    about 10x slower (docs/engine.md)."""
+    length = jax.tree.leaves(xs)[0].shape[0]
+    if unroll is True or (not isinstance(unroll, bool) and unroll >= length):
+        outs = []
+        for t in range(length):
+            carry, out = step(carry, jax.tree.map(lambda a, t=t: a[t], xs))
+            outs.append(out)
+        return carry, jax.tree.map(lambda *o: jnp.stack(o), *outs)
+    return jax.lax.scan(step, carry, xs, unroll=unroll)
+
+
 def local_train(
     model: Model,
     params: Params,
@@ -99,9 +115,8 @@ def local_train(
         return new, loss
 
     steps = jnp.arange(num_steps)
-    (params, _), losses = jax.lax.scan(
-        step, (params, optimizer.init(params)), (steps, rows, mask), unroll=unroll
-    )
+    (params, _), losses = scan_steps(step, (params, optimizer.init(params)),
+                                     (steps, rows, mask), unroll)
     if active_steps is None:
         return params, jnp.mean(losses)
     on = (steps < active_steps).astype(losses.dtype)

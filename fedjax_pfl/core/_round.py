@@ -74,6 +74,19 @@ class EngineConfig:
         return jax.tree.map(constrain, tree)
 
 
+def client_mesh(devices=None) -> jax.sharding.Mesh:
+    """A 1-D mesh named ``clients`` over ``devices`` (default: every device of
+    every process, ``jax.devices()``), for ``EngineConfig(mesh=...)``.
+
+    Its axis type is ``Auto``, so unsharded inputs are accepted. In a
+    multi-process run (after ``jax.distributed.initialize()``), every process
+    builds the same mesh and runs the same program on the same data
+    (docs/engine.md, "Many processes")."""
+    devices = jax.devices() if devices is None else list(devices)
+    return jax.sharding.Mesh(np.asarray(devices), ("clients",),
+                             axis_types=(jax.sharding.AxisType.Auto,))
+
+
 ClientFn = Callable[[PyTree, PyTree, jax.Array, jax.Array, Any], ClientResult]
 ServerFn = Callable[..., tuple[PyTree, dict]]
 

@@ -23,7 +23,9 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from fedjax_pfl.core._clients import is_concrete
 from fedjax_pfl.models._model import Model, Params
 
 from ._ghost import ghost_losses_and_norms, ghost_plan
@@ -129,6 +131,23 @@ def _vmap_clipped_sum(model, params, x, y, mask, clip, weight_fn, fair_clip,
     return total, info
 
 
+def _unclipped_grad(model, params, x, y, mask, denominator, weight_fn):
+    def objective(p):
+        per = model.loss(model.apply(p, x), y)
+        c = mask
+        if weight_fn is not None:
+            c = c * weight_fn(jax.lax.stop_gradient(per), mask)
+        c = jax.lax.stop_gradient(c)
+        out = jnp.sum(per * c) / denominator
+        if model.regularizer is not None:
+            out = out + model.regularizer(p)
+        return out, (jax.lax.stop_gradient(per), c)
+
+    grad, (losses, c) = jax.grad(objective, has_aux=True)(params)
+    return grad, {"losses": losses, "norms": jnp.zeros_like(losses), "factors": c,
+                  "ghost": False}
+
+
 def clipped_grad(
     model: Model,
     params: Params,
@@ -165,8 +184,12 @@ def clipped_grad(
     """
     if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
         raise ValueError(f"chunk_size: must be a positive integer, got {chunk_size!r}")
-    layers, _ = resolve_method(model, params, x, method)
     mask = mask.astype(jnp.float32)
+    if is_concrete(clip) and np.all(np.isinf(np.asarray(clip))):
+        # no clipping: the (weighted) gradient needs no per-example norms, one
+        # forward and one backward pass, like a plain step (norms reported as 0)
+        return _unclipped_grad(model, params, x, y, mask, denominator, weight_fn)
+    layers, _ = resolve_method(model, params, x, method)
     if layers is not None:
         losses, norms = ghost_losses_and_norms(model, layers, params, x, y, mask)
         w = None if weight_fn is None else weight_fn(losses, mask)

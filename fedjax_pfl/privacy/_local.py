@@ -11,6 +11,7 @@ import numpy as np
 import optax
 
 from fedjax_pfl.core._clients import check_nonnegative, check_positive, is_concrete
+from fedjax_pfl.core._local import scan_steps
 from fedjax_pfl.data._federated import (
     SAMPLING_MODES,
     client_batch_indices,
@@ -172,9 +173,8 @@ def dp_local_train(
         clipped = jnp.sum((jnp.abs(info["factors"]) < w * (1 - 1e-6)) * b.mask)
         return (optax.apply_updates(p, upd), opt_state), (loss, n_real, clipped)
 
-    (params, _), (losses, sizes, clipped) = jax.lax.scan(
-        step, (params, opt.init(params)), (jnp.arange(num_steps), rows, mask),
-        unroll=unroll)
+    (params, _), (losses, sizes, clipped) = scan_steps(
+        step, (params, opt.init(params)), (jnp.arange(num_steps), rows, mask), unroll)
     metrics = {
         "dp/batch_size": jnp.mean(sizes),
         "dp/clipped_fraction": jnp.sum(clipped) / jnp.maximum(jnp.sum(sizes), 1.0),
