@@ -37,7 +37,7 @@ import numpy as np
 import optax
 
 import fedjax_pfl as fp
-from fedjax_pfl import algorithms, data, models
+from fedjax_pfl.experiments import _presets
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from throughput import _meta, parse_or_report, write_jsonl
@@ -65,51 +65,15 @@ PAPER = {
 }
 
 
-def settings(name: str) -> dict:
-    """The paper's §5.1 hyperparameters for a row."""
-    if name == "synthetic":
-        return dict(lr=1e-4, sigma=1.0, batch=10)
-    return dict(lr=0.02, sigma=15.0, batch=20)
-
-
-@functools.cache
-def load(name: str, seed: int):
-    """``(FederatedData, model)`` for a row; data seeded by ``seed``."""
-    if name == "synthetic":
-        reg = data.fedplus_synthetic_regression(10, seed=seed)
-        return reg.data, models.linear_regression((1000,), 1)
-    _, kind, n = name.split("-")
-    x_tr, y_tr, x_te, y_te = _mnist()
-    x = np.concatenate([x_tr, x_te])  # all 70k images: "partition MNIST equally"
-    y = np.concatenate([y_tr, y_te])
-    fed = data.fedplus_mnist(x, y, int(n), personal=kind == "personal", seed=seed)
-    return fed.data, models.logistic_regression((784,), 10)
-
-
-@functools.lru_cache(maxsize=1)
-def _mnist():
-    return data.load_mnist()
+settings = _presets.fedplus_settings  # the paper's §5.1 hyperparameters for a row
+load = functools.cache(_presets.fedplus_data)  # (FederatedData, model) of a row
 
 
 def make(method: str, model, s: dict, args) -> fp.Algorithm:
-    common = dict(client_lr=s["lr"], num_local_steps=args.local_steps,
-                  batch_size=s["batch"], cohort_size=args.cohort_size)
-    plus = dict(common, delta=args.delta, agg_set=args.agg_set,
-                agg_method=args.agg_method)
-    if method in ("fedavg_plus", "fedgeomed_plus", "fedcomed_plus"):
-        return getattr(algorithms, method)(model, sigma=s["sigma"], init_mix=0.0,
-                                           **plus)
-    if method == "fedprox":
-        return algorithms.fedplus(model, psi="ind0", sigma=s["sigma"], init_mix=1.0,
-                                  **dict(plus, agg_set="sampled"))
-    if method == "rfa":
-        return algorithms.fedplus(model, psi="l2", sigma=0.0, init_mix=1.0,
-                                  **dict(plus, delta=1e-6, agg_set="sampled"))
-    if method == "fedavg":
-        return algorithms.fedavg(model, weighted=False, **common)
-    if method == "local":
-        return algorithms.local_only(model, **common)
-    raise ValueError(f"method: unknown {method!r}")
+    return _presets.fedplus_algorithm(
+        method, model, lr=s["lr"], sigma=s["sigma"], batch=s["batch"],
+        local_steps=args.local_steps, cohort_size=args.cohort_size, delta=args.delta,
+        agg_set=args.agg_set, agg_method=args.agg_method)
 
 
 def final_metrics(row: dict, dataset: str, view: str) -> dict:

@@ -1,5 +1,10 @@
 """Federated algorithms as Algorithm(init, round_step, eval_models) factories."""
 
+from ._afl import AFLServerState as AFLServerState
+from ._afl import afl as afl
+from ._afl import project_simplex as project_simplex
+from ._apfl import APFLClientState as APFLClientState
+from ._apfl import apfl as apfl
 from ._ditto import DittoClientState as DittoClientState
 from ._ditto import ditto as ditto
 from ._ditto_theory import ditto_expected_mse as ditto_expected_mse
@@ -12,11 +17,14 @@ from ._ditto_theory import (
     ditto_point_estimate_solution as ditto_point_estimate_solution,
 )
 from ._dp import dp_fedavg as dp_fedavg
+from ._ewc import ewc as ewc
 from ._fedavg import GlobalSolver as GlobalSolver
 from ._fedavg import fedavg as fedavg
 from ._fedavg import finetune_all as finetune_all
 from ._fedavg import global_solver as global_solver
 from ._fedavg import local_only as local_only
+from ._feddyn import FedDynServerState as FedDynServerState
+from ._feddyn import feddyn as feddyn
 from ._fedfdp import FedFDPClientState as FedFDPClientState
 from ._fedfdp import FedFDPServerState as FedFDPServerState
 from ._fedfdp import fedfair as fedfair
@@ -28,3 +36,28 @@ from ._fedplus import fedcomed_plus as fedcomed_plus
 from ._fedplus import fedgeomed_plus as fedgeomed_plus
 from ._fedplus import fedplus as fedplus
 from ._fedplus import fedplus_sgd as fedplus_sgd
+from ._fedprox import fedprox as fedprox
+from ._l2sgd import L2SGDServerState as L2SGDServerState
+from ._l2sgd import l2sgd as l2sgd
+from ._lindt import LindtClientState as LindtClientState
+from ._lindt import LindtServerState as LindtServerState
+from ._lindt import finetune_top as finetune_top
+from ._lindt import lindt as lindt
+from ._lindt_model import DualModel as DualModel
+from ._lindt_model import attach as attach
+from ._lindt_model import dual_apply as dual_apply
+from ._lindt_model import dual_lindt_cnn as dual_lindt_cnn
+from ._lindt_model import dual_lindt_lstm as dual_lindt_lstm
+from ._lindt_model import dual_mlp as dual_mlp
+from ._lindt_model import local_head_model as local_head_model
+from ._mapper import MapperClientState as MapperClientState
+from ._mapper import mapper as mapper
+from ._mocha import MochaServerState as MochaServerState
+from ._mocha import mocha as mocha
+from ._mocha import task_covariance as task_covariance
+from ._perfedavg import per_fedavg as per_fedavg
+from ._pfedme import pfedme as pfedme
+from ._qffl import qffl as qffl
+from ._scaffold import ScaffoldServerState as ScaffoldServerState
+from ._scaffold import scaffold as scaffold
+from ._skl import skl as skl

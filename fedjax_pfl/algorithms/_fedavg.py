@@ -156,10 +156,28 @@ class GlobalSolver(NamedTuple):
     aggregator: Aggregator
 
 
+def client_upload(model, aggregator, attack, mal, w, w_k, cid, key, data,
+                  cohort_size, metrics):
+    """FedAvg's upload from a locally trained copy ``w_k`` of ``w``: ``w_k - w``
+    (attacked if the client is malicious), weight ``n_k``, and the round-start
+    loss when the aggregator needs it. ``client_state`` is ``()``; replace it."""
+    delta = jax.tree.map(jnp.subtract, w_k, w)
+    if attack is not None:
+        delta = attack_update(attack, jax.random.fold_in(key, ATTACK_TAG), delta,
+                              mal[cid], cohort_size)
+    if aggregator.needs_losses:
+        metrics = dict(metrics, round_start_loss=client_loss(model, w, data.train, cid))
+    return ClientResult((), delta, data.train.counts[cid].astype(jnp.float32), metrics)
+
+
 def global_solver(model: Model, cfg: LocalConfig, *, aggregator: Aggregator,
                   server_optimizer: optax.GradientTransformation,
-                  attack=None, malicious=None) -> GlobalSolver:
-    """Builds FedAvg's client update and server step (see :func:`fedavg`)."""
+                  attack=None, malicious=None, local_penalty=None) -> GlobalSolver:
+    """Builds FedAvg's client update and server step (see :func:`fedavg`).
+
+    ``local_penalty``, when given, is ``w^t -> (params -> scalar)``: a term added
+    to every local minibatch loss, anchored at the round-start model (FedProx's
+    ``mu/2 ||w - w^t||^2``); ``None`` is FedAvg."""
     if attack is not None and malicious is None:
         raise ValueError("malicious: an attack needs the [num_clients] bool mask of "
                          "malicious clients")
@@ -172,16 +190,10 @@ def global_solver(model: Model, cfg: LocalConfig, *, aggregator: Aggregator,
 
     def client_update(server, cid, key, data, cohort_size):
         w = server.params
-        w_k, loss = run_local(model, w, data, cid, key, cfg)
-        delta = jax.tree.map(jnp.subtract, w_k, w)
-        if attack is not None:
-            delta = attack_update(attack, jax.random.fold_in(key, ATTACK_TAG), delta,
-                                  mal[cid], cohort_size)
-        metrics = {"loss": loss}
-        if aggregator.needs_losses:
-            metrics["round_start_loss"] = client_loss(model, w, data.train, cid)
-        n = data.train.counts[cid].astype(jnp.float32)
-        return ClientResult((), delta, n, metrics)
+        penalty = None if local_penalty is None else local_penalty(w)
+        w_k, loss = run_local(model, w, data, cid, key, cfg, penalty=penalty)
+        return client_upload(model, aggregator, attack, mal, w, w_k, cid, key, data,
+                             cohort_size, {"loss": loss})
 
     def server_fn(server, updates, weights, mask, metrics, key):
         delta, agg_state = aggregator.aggregate(

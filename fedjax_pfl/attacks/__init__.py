@@ -11,3 +11,6 @@ from ._attacks import malicious_clients as malicious_clients
 from ._attacks import model_replacement as model_replacement
 from ._attacks import poison_labels as poison_labels
 from ._attacks import setup_attack as setup_attack
+from ._backdoor import CIFAR_BACKDOOR as CIFAR_BACKDOOR
+from ._backdoor import backdoor_success as backdoor_success
+from ._backdoor import semantic_backdoor as semantic_backdoor

@@ -27,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
                     "Without a command, runs the demo.")
     sub = parser.add_subparsers(dest="command")
     _demo_parser(sub)
+    _preset_parsers(sub)
     ds = sub.add_parser("datasets", help="list datasets found under a data directory")
     ds.add_argument("--data-dir", default=None,
                     help="default: $FEDJAX_PFL_DATA_DIR")
@@ -36,7 +37,71 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "datasets":
         return _datasets(args.data_dir)
+    if args.command == "list":
+        return _list(args.preset)
+    if args.command == "run":
+        return _run(args)
     return _demo(args)
+
+
+def _preset_parsers(sub) -> None:
+    ls = sub.add_parser("list", help="the papers' experiment presets (with a name: "
+                                     "its keys, defaults and allowed values)")
+    ls.add_argument("preset", nargs="?", default=None)
+    run = sub.add_parser("run", help="run a preset into a run directory (config, "
+                                     "history.jsonl, clients.csv, plots, checkpoints)")
+    run.add_argument("preset")
+    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a key (repeatable); `fedjax-pfl list PRESET` "
+                          "lists them")
+    run.add_argument("--out", default=None, help="run directory (default: "
+                     "runs/<preset>)")
+    run.add_argument("--resume", action="store_true",
+                     help="continue the run in --out from its last checkpoint")
+    run.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _list(name) -> int:
+    from ._presets import PRESETS
+    from ._run import get_preset
+
+    if name is None:
+        width = max(map(len, PRESETS))
+        for p in PRESETS.values():
+            print(f"{p.name:<{width}}  {p.paper}")
+            print(f"{'':<{width}}  {p.summary}")
+        print("\n`fedjax-pfl list PRESET` shows a preset's keys; "
+              "`fedjax-pfl run PRESET --set key=value` runs it.")
+        return 0
+    try:
+        p = get_preset(name)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    print(f"{p.name}: {p.paper}\n  {p.summary}")
+    if p.scaled:
+        print(f"  scaled for CPU: {p.scaled}")
+    if p.needs:
+        print(f"  reads from $FEDJAX_PFL_DATA_DIR: {', '.join(p.needs)}")
+    for k, key in p.keys.items():
+        allowed = (f" {{{', '.join(map(str, key.choices))}}}" if key.choices else "")
+        print(f"  {k} = {key.default!r}{allowed}  {key.help}")
+    return 0
+
+
+def _run(args) -> int:
+    from ._config import parse_sets
+    from ._run import format_final, run_preset
+
+    try:
+        overrides = parse_sets(args.set)
+        out = args.out or f"runs/{args.preset}"
+        result = run_preset(args.preset, overrides, out=out, resume=args.resume,
+                            progress=not args.quiet)
+    except ValueError as e:
+        raise SystemExit(f"fedjax-pfl run: {e}") from None
+    print(format_final(result))
+    print(f"wrote {', '.join(result['files'])} under {out}")
+    return 0
 
 
 def _demo(args) -> int:

@@ -3,6 +3,7 @@
 import importlib.util
 import json
 import pathlib
+import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
 
@@ -57,7 +58,23 @@ def test_ditto_fmnist_smoke():
 
     if not os.environ.get("FEDJAX_PFL_DATA_DIR"):
         pytest.skip("FEDJAX_PFL_DATA_DIR is not set")
-    recs = _load("ditto_fmnist").main([
+    mod = _load("ditto_fmnist")
+    real_load = mod.load
+
+    def small_load(seed, num_clients):  # the recipe's 20 clients hold 54k rows:
+        fed = real_load(seed, num_clients)  # evaluate on a few of them only
+        from fedjax_pfl.data import from_client_arrays
+
+        def head(split, k):
+            x, y = np.asarray(split.x), np.asarray(split.y)
+            return [(x[o:o + min(k, c)], y[o:o + min(k, c)]) for o, c in
+                    zip(map(int, split.offsets), map(int, split.counts), strict=True)]
+
+        return from_client_arrays(head(fed.train, 40), head(fed.val, 10),
+                                  head(fed.test, 20))
+
+    mod.load = small_load
+    recs = mod.main([
         "--num-clients", "20", "--rounds", "1", "--eval-every", "1",
         "--attack", "A1", "--ratio", "0.5", "--lam-selection", "fixed"])
     last = recs[-1]
@@ -109,3 +126,59 @@ def test_fedplus_table2_smoke(tmp_path):
     assert len(last["fedgeomed_plus"]["offset_norms"]) == 10
     table = _load("fedplus_table2").report(str(out))
     assert "| FedGeoMed+ | personal | 1 |" in table and "1048" in table
+
+
+def test_lindt_nfl_smoke(tmp_path):
+    out, png = tmp_path / "l.jsonl", tmp_path / "l.png"
+    recs = _load("lindt_nfl").main([
+        "--data", "synthetic", "--num-clients", "10", "--cohort-size", "3",
+        "--rounds", "2", "--eval-every", "2", "--tail", "1", "--hidden", "4",
+        "--fb-steps", "2", "--private-rounds", "1", "--private-steps", "2",
+        "--methods", "fedavg", "fb", "lindt_detect", "--r-prime", "0",
+        "--noise-std", "0", "--eps", "1e-6", "--out", str(out), "--plot", str(png)])
+    by = {r["method"]: r for r in recs}
+    assert set(by) == {"fedavg", "fb", "lindt_detect"}
+    assert by["lindt_detect"]["detect_round"] == 1  # Delta > eps in round 1: count > 0
+    for r in recs:  # Local - beta = the benign clients' mean private accuracy
+        assert abs(r["local"] - r["beta"] - r["private_acc_benign"]) < 1e-3
+    assert png.stat().st_size > 0 and len(out.read_text().splitlines()) == 3
+    table = _load("lindt_nfl").report(str(out))
+    assert "| FB | - |" in table and "81.17" in table
+
+
+def test_baselines_synthetic_smoke(tmp_path):
+    out = tmp_path / "b.jsonl"
+    mod = _load("baselines_synthetic")
+    recs = mod.main(["--methods", "pfedme", "--num-clients", "5", "--cohort", "2",
+                     "--rounds", "2", "--steps", "2", "--batch", "4",
+                     "--out", str(out)])
+    assert [(r["method"], r["view"]) for r in recs] == [("pfedme", "global"),
+                                                        ("pfedme", "personal")]
+    for r in recs:
+        assert 0 <= r["test_accuracy_worst10"] <= r["test_accuracy_mean"] <= 1
+        assert r["test_accuracy_std"] >= 0 and r["seconds"] > 0
+    assert len(out.read_text().splitlines()) == 2
+    table = mod.report(str(out))
+    assert "| pfedme | personal | 5 | 2 | 1 |" in table
+
+
+def test_ditto_table2_smoke(tmp_path):
+    import os
+
+    import pytest
+
+    if not os.environ.get("FEDJAX_PFL_DATA_DIR"):
+        pytest.skip("FEDJAX_PFL_DATA_DIR is not set")
+    out = tmp_path / "t2.jsonl"
+    mod = _load("ditto_table2")
+    recs = mod.main(["--num-clients", "8", "--cohort-size", "2", "--rounds", "1",
+                     "--local-steps", "1", "--finetune-steps", "1", "--attack", "A1",
+                     "--methods", "ditto", "--ewc-lams", "10", "--skl-lams", "1",
+                     "--out", str(out)])
+    rows = [r["row"] for r in recs]
+    assert rows == ["global", "Ditto", "plain finetuning", "EWC", "SKL"]
+    for r in recs:
+        assert 0 <= r["mean"] <= 1 and r["std"] >= 0 and r["attack"] == "A1"
+    assert len(out.read_text().splitlines()) == 5
+    table = mod.report(str(out))
+    assert "| EWC |" in table and "0.810 (.11)" in table

@@ -1,0 +1,159 @@
+"""AFL: agnostic federated learning (minimax over client mixtures).
+
+Reference: Mehryar Mohri, Gary Sivek, Ananda Theertha Suresh, "Agnostic
+Federated Learning", ICML 2019 (§4, the stochastic mirror/gradient descent-ascent
+algorithm with Euclidean projections). Decisions: docs/baselines-global.md.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from fedjax_pfl.attacks import attack_update
+from fedjax_pfl.core._clients import check_nonnegative
+from fedjax_pfl.core._local import client_loss
+from fedjax_pfl.core._round import EngineConfig, federated_round
+from fedjax_pfl.core._types import Algorithm, AlgorithmState, ClientResult, ModelView
+from fedjax_pfl.models._model import Model
+
+from ._fedavg import (
+    ATTACK_TAG,
+    _Deferred,
+    check_cohort,
+    check_malicious,
+    make_local_config,
+    resolve_cohort_size,
+    run_local,
+)
+from ._scaffold import _norm
+
+
+class AFLServerState(NamedTuple):
+    """Attributes: ``params`` (w) and ``lam``, the ``[num_clients]`` mixture
+    weights on the simplex (uniform at the start)."""
+
+    params: object
+    lam: jax.Array
+
+
+def project_simplex(v: jax.Array) -> jax.Array:
+    """Euclidean projection of a vector onto the probability simplex.
+
+    ``argmin_{p >= 0, sum p = 1} ||p - v||`` is ``max(v - tau, 0)`` with the
+    ``tau`` that makes it sum to 1, found exactly by sorting (Duchi, Shalev-Shwartz,
+    Singer, Chandra, ICML 2008, Fig. 1)."""
+    v = jnp.asarray(v)
+    n = v.shape[-1]
+    u = jnp.sort(v)[::-1]
+    css = jnp.cumsum(u)
+    k = jnp.arange(1, n + 1, dtype=v.dtype)
+    rho = jnp.sum(u - (css - 1.0) / k > 0)  # the support size (>= 1)
+    tau = (css[rho - 1] - 1.0) / rho.astype(v.dtype)
+    return jnp.maximum(v - tau, 0.0)
+
+
+def afl(
+    model: Model,
+    *,
+    lambda_lr: float | jax.Array = 0.01,
+    client_lr: float | jax.Array = 0.1,
+    num_local_steps: int = 1,
+    batch_size: int = 32,
+    cohort_size: int = 10,
+    cohort: str = "full",
+    sampling: str = "full_batch",
+    attack=None,
+    malicious=None,
+    engine: EngineConfig | None = None,
+    unroll: int | bool | None = None,
+) -> Algorithm:
+    """Agnostic FL: ``min_w max_{lam in simplex} sum_k lam_k F_k(w)``.
+
+    The server keeps ``w`` and the mixture ``lam`` over the ``N`` clients
+    (uniform at the start). Each round every selected client k computes
+    ``F_k(w)`` (its loss on all its training data) and ``delta_k = w_k - w``
+    from ``num_local_steps`` SGD steps at ``client_lr``. With cohort ``S`` of
+    size ``m``:
+
+    * ``w <- w + (N/m) sum_S lam_k delta_k`` (descent on the lam-weighted loss);
+    * ``lam <- Proj_simplex(lam + lambda_lr (N/m) sum_S F_k e_k)`` (ascent).
+
+    The defaults (full participation, one full-batch step) are the paper's
+    projected gradient descent-ascent with step ``client_lr`` for ``w`` and
+    ``lambda_lr`` for ``lam``; AFL assumes every client (domain) answers every
+    round. With partial participation the ``N/m`` factors make both steps
+    unbiased estimates of the full ones. More local steps give a local-SGD
+    approximation of the ``w`` step (not in the paper).
+
+    ``lambda_lr = 0``: ``lam`` stays uniform and the round is FedAvg with the
+    unweighted mean (under full participation). The server step weights by the
+    learned ``lam``, so no ``aggregator`` applies. An ``attack`` replaces a
+    malicious client's ``delta_k`` (its reported loss is honest).
+
+    Args:
+      model: the model.
+      lambda_lr: step size of the ascent on ``lam``, ``>= 0`` (may be traced).
+      client_lr, num_local_steps, batch_size, sampling: the clients' local SGD.
+      cohort_size, cohort: default ``full`` (see above).
+      attack, malicious: update attack and ``[num_clients]`` malicious mask.
+      engine, unroll: execution (see ``fedavg``).
+
+    Raises:
+      ValueError: ``lambda_lr`` negative, or an invalid ``fedavg`` argument.
+    """
+    check_nonnegative("lambda_lr", lambda_lr)
+    if jnp.ndim(lambda_lr) != 0:
+        raise ValueError(f"lambda_lr: must be a scalar, got shape "
+                         f"{jnp.shape(lambda_lr)}")
+    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll)
+    check_cohort(cohort_size, cohort)
+    if attack is not None and malicious is None:
+        raise ValueError("malicious: an attack needs the [num_clients] bool mask of "
+                         "malicious clients")
+    mal = None if malicious is None else jnp.asarray(malicious, bool)
+    engine = engine or EngineConfig()
+
+    def init(key, data):
+        check_malicious(malicious, data.num_clients)
+        n = data.num_clients
+        server = AFLServerState(model.init(key), jnp.full((n,), 1.0 / n, jnp.float32))
+        return AlgorithmState(server, (), jnp.zeros((), jnp.int32))
+
+    def build(num_clients):
+        check_malicious(malicious, num_clients)
+        m = resolve_cohort_size(cohort_size, cohort, num_clients)
+
+        def client_fn(server, client_state, cid, key, data):
+            w = server.params
+            f_k = client_loss(model, w, data.train, cid)
+            w_k, loss = run_local(model, w, data, cid, key, cfg)
+            delta = jax.tree.map(jnp.subtract, w_k, w)
+            if attack is not None:
+                delta = attack_update(attack, jax.random.fold_in(key, ATTACK_TAG),
+                                      delta, mal[cid], m)
+            lam_k = server.lam[cid]
+            upload = (jax.tree.map(lambda d: lam_k * d, delta),
+                      f_k * jax.nn.one_hot(cid, num_clients, dtype=jnp.float32))
+            return ClientResult((), upload, jnp.float32(1.0),
+                                {"loss": loss, "round_start_loss": f_k})
+
+        def server_fn(server, updates, weights, mask, metrics, key):
+            # Uploads arrive averaged over the cohort: N * mean = (N/m) * sum.
+            step, losses = jax.tree.map(lambda a: num_clients * a[0], updates)
+            params = jax.tree.map(jnp.add, server.params, step)
+            lam = project_simplex(server.lam + lambda_lr * losses)
+            return AFLServerState(params, lam), {
+                "server/update_norm": _norm(step),
+                "server/lambda_max": jnp.max(lam)}
+
+        return federated_round(client_fn, server_fn, cohort_size=m, cohort=cohort,
+                               engine=engine,
+                               linear_weights=lambda weights, mask: mask)
+
+    def eval_models(state, data, key):
+        return {"global": ModelView(model, state.server.params, False)}
+
+    return Algorithm(init, _Deferred(build), eval_models)

@@ -1,0 +1,176 @@
+"""APFL: adaptive personalized federated learning (a Ditto-paper baseline).
+
+Reference: Yuyang Deng, Mohammad Mahdi Kamani, Mehrdad Mahdavi, "Adaptive
+Personalized Federated Learning", arXiv:2003.13461, 2020 (Algorithm 1 and the
+adaptive mixing weight, §3-4). As a baseline: Li et al., "Ditto", ICML 2021,
+Table 2 (code ``flearn/trainers_MTL/apfl.py``). Spec: specs/ditto.md §2.5;
+decisions: docs/baselines-personalization.md.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedjax_pfl.aggregators import Aggregator, mean
+from fedjax_pfl.core._clients import check_nonnegative, is_concrete, tree_broadcast
+from fedjax_pfl.core._round import EngineConfig, federated_round
+from fedjax_pfl.core._types import Algorithm, AlgorithmState, ModelView
+from fedjax_pfl.data._federated import client_batch_indices, gather_batch
+from fedjax_pfl.models._model import Model, batch_loss
+
+from ._fedavg import (
+    _Deferred,
+    check_cohort,
+    check_malicious,
+    client_upload,
+    global_solver,
+    make_local_config,
+    resolve_cohort_size,
+)
+
+
+class APFLClientState(NamedTuple):
+    """One client's APFL state: its local model ``v_k`` and mixing weight
+    ``alpha_k`` (fixed, or adapted by gradient steps)."""
+
+    local: object
+    alpha: jax.Array
+
+
+def mix(alpha, v, w):
+    """``alpha v + (1 - alpha) w``."""
+    return jax.tree.map(lambda a, b: alpha * a + (1.0 - alpha) * b, v, w)
+
+
+def apfl(
+    model: Model,
+    *,
+    alpha: float | jax.Array = 0.01,
+    adaptive_alpha: bool = True,
+    alpha_lr: float | jax.Array | None = None,
+    client_lr: float | jax.Array = 0.1,
+    num_local_steps: int = 10,
+    batch_size: int = 32,
+    cohort_size: int = 10,
+    cohort: str = "size_weighted",
+    sampling: str = "with_replacement",
+    aggregator: Aggregator | None = None,
+    weighted: bool = False,
+    server_optimizer: optax.GradientTransformation | None = None,
+    attack=None,
+    malicious=None,
+    engine: EngineConfig | None = None,
+    unroll: int | bool | None = None,
+) -> Algorithm:
+    """APFL (Deng et al. 2020, Algorithm 1) with FedAvg as the global solver.
+
+    Every selected client k runs ``num_local_steps`` steps; at each, on ONE
+    minibatch ``b`` and with ``vbar = alpha_k v_k + (1 - alpha_k) w_k`` formed
+    from the step's starting ``v_k`` and ``w_k``:
+
+    * ``w_k <- w_k - lr grad f(w_k; b)`` (FedAvg's local step; ``w_k`` starts
+      at ``w^t`` every round and ``w_k - w^t`` is uploaded);
+    * ``v_k <- v_k - lr alpha_k grad f(vbar; b)`` (the gradient of
+      ``f(vbar)`` with respect to ``v_k``);
+    * adaptive only: ``alpha_k <- clip(alpha_k - alpha_lr <v_k - w_k,
+      grad f(vbar; b)>, 0, 1)`` (Deng et al. §4).
+
+    ``v_k`` and ``alpha_k`` persist on the device (``v_k`` starts at ``w^0``).
+    Evaluated: ``global`` (``w``) and ``personal`` (``alpha_k v_k + (1 -
+    alpha_k) w``, as the Ditto code evaluates it).
+
+    Args:
+      model: the model.
+      alpha: the initial (or, with ``adaptive_alpha=False``, fixed) mixing
+        weight in [0, 1]; 0.01 adaptive as in LINDT's setup, 0.5 fixed as in
+        the Ditto code's default (``--alpha``). May be traced.
+      adaptive_alpha: adapt ``alpha_k`` per client (the paper) or keep it fixed
+        (the Ditto code).
+      alpha_lr: step size of the ``alpha`` update (default ``client_lr``).
+      client_lr, num_local_steps, batch_size, sampling: local SGD.
+      cohort_size, cohort, aggregator, weighted, server_optimizer: the FedAvg
+        global solver (defaults as in the Ditto code: size-weighted sampling and
+        an unweighted mean).
+      attack, malicious: update attack on the global upload and the
+        ``[num_clients]`` malicious mask.
+      engine, unroll: execution.
+
+    Raises:
+      ValueError: for invalid arguments (the message names the argument).
+    """
+    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll)
+    check_cohort(cohort_size, cohort)
+    check_nonnegative("alpha", alpha)
+    if is_concrete(alpha) and float(jnp.max(jnp.asarray(alpha))) > 1.0:
+        raise ValueError(f"alpha: must be in [0, 1], got {alpha!r}")
+    if jnp.ndim(alpha) != 0:
+        raise ValueError(f"alpha: must be a scalar, got shape {jnp.shape(alpha)}")
+    alpha_lr = client_lr if alpha_lr is None else alpha_lr
+    check_nonnegative("alpha_lr", alpha_lr)
+    engine = engine or EngineConfig()
+    aggregator = aggregator or mean(weighted=weighted)
+    solver = global_solver(model, cfg, aggregator=aggregator,
+                           server_optimizer=server_optimizer or optax.sgd(1.0),
+                           attack=attack, malicious=malicious)
+    mal = None if malicious is None else jnp.asarray(malicious, bool)
+
+    def init(key, data):
+        check_malicious(malicious, data.num_clients)
+        server = solver.init(key)
+        n = data.num_clients
+        clients = APFLClientState(tree_broadcast(server.params, n),
+                                  jnp.full((n,), alpha, jnp.float32))
+        return AlgorithmState(server, clients, jnp.zeros((), jnp.int32))
+
+    def local_steps(w, state: APFLClientState, cid, key, data):
+        rows, mask = client_batch_indices(data.train, cid, key, num_steps=cfg.num_steps,
+                                          batch_size=cfg.batch_size,
+                                          sampling=cfg.sampling)
+
+        def step(carry, inputs):
+            w_k, v, a = carry
+            b = gather_batch(data.train, *inputs)
+            loss_fn = lambda p: batch_loss(model, p, b.x, b.y, b.mask)
+            loss, gw = jax.value_and_grad(loss_fn)(w_k)
+            vbar = mix(a, v, w_k)
+            ploss, gbar = jax.value_and_grad(loss_fn)(vbar)
+            new_w = jax.tree.map(lambda p, g: p - cfg.lr * g, w_k, gw)
+            new_v = jax.tree.map(lambda p, g: p - cfg.lr * a * g, v, gbar)
+            if adaptive_alpha:
+                dot = sum(jnp.vdot(x - y, g) for x, y, g in zip(
+                    jax.tree.leaves(v), jax.tree.leaves(w_k), jax.tree.leaves(gbar)))
+                a = jnp.clip(a - alpha_lr * dot, 0.0, 1.0)
+            return (new_w, new_v, a), (loss, ploss)
+
+        (w_k, v, a), (losses, plosses) = jax.lax.scan(
+            step, (w, state.local, state.alpha), (rows, mask), unroll=cfg.unroll)
+        return w_k, APFLClientState(v, a), jnp.mean(losses), jnp.mean(plosses)
+
+    def build(num_clients):
+        check_malicious(malicious, num_clients)
+        m = resolve_cohort_size(cohort_size, cohort, num_clients)
+
+        def client_fn(server, client_state, cid, key, data):
+            w = server.params
+            w_k, new_state, loss, ploss = local_steps(w, client_state, cid, key, data)
+            res = client_upload(model, aggregator, attack, mal, w, w_k, cid, key, data,
+                                m, {"loss": loss, "personal_loss": ploss,
+                                    "alpha": new_state.alpha})
+            return res._replace(client_state=new_state)
+
+        return federated_round(client_fn, solver.server_fn, cohort_size=m,
+                               cohort=cohort, engine=engine,
+                               linear_weights=aggregator.linear_weights)
+
+    def eval_models(state, data, key):
+        w = state.server.params
+        personal = jax.vmap(lambda v, a: mix(a, v, w))(state.clients.local,
+                                                       state.clients.alpha)
+        return {"global": ModelView(model, w, False),
+                "personal": ModelView(model, personal, True)}
+
+    return Algorithm(init, _Deferred(build), eval_models)

@@ -1,0 +1,144 @@
+"""FedDyn: federated learning with dynamic regularization.
+
+Reference: Durmus Alp Emre Acar, Yue Zhao, Ramon Matas Navarro, Matthew Mattina,
+Paul N. Whatmough, Venkatesh Saligrama, "Federated Learning Based on Dynamic
+Regularization", ICLR 2021 (Algorithm 1). Decisions: docs/baselines-global.md.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from fedjax_pfl.aggregators import Aggregator, mean
+from fedjax_pfl.core._clients import check_positive, tree_broadcast
+from fedjax_pfl.core._local import prox_penalty
+from fedjax_pfl.core._round import EngineConfig, federated_round
+from fedjax_pfl.core._types import Algorithm, AlgorithmState, ModelView
+from fedjax_pfl.models._model import Model
+
+from ._fedavg import (
+    _Deferred,
+    check_cohort,
+    check_malicious,
+    client_upload,
+    make_local_config,
+    resolve_cohort_size,
+    run_local,
+)
+from ._scaffold import _norm, linear_penalty
+
+
+class FedDynServerState(NamedTuple):
+    """Attributes: ``params`` (the server model ``w``), ``h`` (the server's
+    running correction), ``agg_state`` (the aggregator's state)."""
+
+    params: object
+    h: object
+    agg_state: object
+
+
+def feddyn(
+    model: Model,
+    *,
+    alpha: float | jax.Array = 0.01,
+    client_lr: float | jax.Array = 0.1,
+    num_local_steps: int = 10,
+    batch_size: int = 32,
+    cohort_size: int = 10,
+    cohort: str = "uniform",
+    sampling: str = "with_replacement",
+    aggregator: Aggregator | None = None,
+    weighted: bool = False,
+    attack=None,
+    malicious=None,
+    engine: EngineConfig | None = None,
+    unroll: int | bool | None = None,
+) -> Algorithm:
+    """FedDyn (Algorithm 1).
+
+    Client state: ``grad_k``, the linear term (zeros at the start). Each
+    selected client k approximately minimizes, with ``num_local_steps`` SGD
+    steps from ``w^t``,
+    ``F_k(w) - <grad_k, w> + alpha/2 ||w - w^t||^2``,
+    sets ``grad_k <- grad_k - alpha (w_k - w^t)`` and uploads ``w_k - w^t``.
+    The server (``N`` clients, cohort ``S``):
+    ``h <- h - alpha/N sum_S (w_k - w^t)``,
+    ``w <- mean_S w_k - h / alpha``.
+
+    ``mean_S w_k`` is ``w^t + agg(w_k - w^t)`` with ``aggregator`` (default: the
+    paper's unweighted mean), and ``sum_S`` is ``|S| agg(...)``, so a robust
+    aggregator replaces both. The ``w`` evaluated as ``global`` is this
+    server model (the paper's ``theta^t``). An ``attack`` replaces a malicious
+    client's upload (its own ``grad_k`` update is honest).
+
+    Args:
+      model: the model.
+      alpha: the dynamic regularization coefficient, ``> 0`` (may be traced).
+      client_lr, num_local_steps, batch_size, sampling: local SGD.
+      cohort_size, cohort: clients per round and how they are drawn.
+      aggregator, weighted: the rule applied to the uploads (default unweighted).
+      attack, malicious: update attack and ``[num_clients]`` malicious mask.
+      engine, unroll: execution (see ``fedavg``).
+
+    Raises:
+      ValueError: ``alpha`` not positive and finite, or an invalid ``fedavg``
+        argument.
+    """
+    check_positive("alpha", alpha)
+    if jnp.ndim(alpha) != 0:
+        raise ValueError(f"alpha: must be a scalar, got shape {jnp.shape(alpha)}")
+    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll)
+    check_cohort(cohort_size, cohort)
+    if attack is not None and malicious is None:
+        raise ValueError("malicious: an attack needs the [num_clients] bool mask of "
+                         "malicious clients")
+    agg = aggregator or mean(weighted=weighted)
+    mal = None if malicious is None else jnp.asarray(malicious, bool)
+    engine = engine or EngineConfig()
+
+    def init(key, data):
+        check_malicious(malicious, data.num_clients)
+        params = model.init(key)
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        server = FedDynServerState(params, zeros, agg.init(params))
+        return AlgorithmState(server, tree_broadcast(zeros, data.num_clients),
+                              jnp.zeros((), jnp.int32))
+
+    def client_update(server, grad_k, cid, key, data, m):
+        w = server.params
+        linear = linear_penalty(jax.tree.map(jnp.negative, grad_k))
+        prox = prox_penalty(alpha, w)
+        w_k, loss = run_local(model, w, data, cid, key, cfg,
+                              penalty=lambda p: linear(p) + prox(p))
+        grad_new = jax.tree.map(lambda g, a, b: g - alpha * (a - b), grad_k, w_k, w)
+        return client_upload(model, agg, attack, mal, w, w_k, cid, key, data, m,
+                             {"loss": loss})._replace(client_state=grad_new)
+
+    def build(num_clients):
+        check_malicious(malicious, num_clients)
+        m = resolve_cohort_size(cohort_size, cohort, num_clients)
+
+        def client_fn(server, grad_k, cid, key, data):
+            return client_update(server, grad_k, cid, key, data, m)
+
+        def server_fn(server, updates, weights, mask, metrics, key):
+            delta, agg_state = agg.aggregate(
+                server.agg_state, updates, weights, mask, key,
+                losses=metrics.get("round_start_loss"))
+            h = jax.tree.map(lambda a, d: a - (alpha * m / num_clients) * d,
+                             server.h, delta)
+            params = jax.tree.map(lambda p, d, a: (p + d) - a / alpha,
+                                  server.params, delta, h)
+            return FedDynServerState(params, h, agg_state), {
+                "server/update_norm": _norm(delta)}
+
+        return federated_round(client_fn, server_fn, cohort_size=m, cohort=cohort,
+                               engine=engine, linear_weights=agg.linear_weights)
+
+    def eval_models(state, data, key):
+        return {"global": ModelView(model, state.server.params, False)}
+
+    return Algorithm(init, _Deferred(build), eval_models)

@@ -1,0 +1,100 @@
+"""FedProx: FedAvg with a proximal term in the local objective.
+
+Reference: Tian Li, Anit Kumar Sahu, Manzil Zaheer, Maziar Sanjabi, Ameet
+Talwalkar, Virginia Smith, "Federated Optimization in Heterogeneous Networks",
+MLSys 2020 (Algorithm 2). Decisions: docs/baselines-global.md.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedjax_pfl.aggregators import Aggregator, mean
+from fedjax_pfl.core._clients import check_nonnegative
+from fedjax_pfl.core._local import prox_penalty
+from fedjax_pfl.core._round import EngineConfig
+from fedjax_pfl.core._types import Algorithm, ModelView
+from fedjax_pfl.models._model import Model
+
+from ._fedavg import (
+    check_cohort,
+    finetune_views,
+    global_solver,
+    make_finetune_config,
+    make_local_config,
+    stateless_algorithm,
+)
+
+
+def fedprox(
+    model: Model,
+    *,
+    mu: float | jax.Array = 0.01,
+    client_lr: float | jax.Array = 0.1,
+    num_local_steps: int = 10,
+    local_epochs: float | None = None,
+    batch_size: int = 32,
+    cohort_size: int = 10,
+    cohort: str = "uniform",
+    sampling: str = "with_replacement",
+    server_optimizer: optax.GradientTransformation | None = None,
+    aggregator: Aggregator | None = None,
+    weighted: bool = True,
+    attack=None,
+    malicious=None,
+    finetune_steps: int | tuple[int, ...] = 0,
+    finetune_lr: float | jax.Array | None = None,
+    finetune_lam: float | jax.Array = 0.0,
+    engine: EngineConfig | None = None,
+    unroll: int | bool | None = None,
+) -> Algorithm:
+    """FedProx: every selected client k approximately minimizes
+    ``h_k(w) = F_k(w) + mu/2 ||w - w^t||^2`` with ``num_local_steps`` SGD steps
+    from the round-start global model ``w^t`` and uploads ``w_k - w^t``; the
+    server step is FedAvg's (see :func:`fedjax_pfl.algorithms.fedavg`).
+
+    ``mu = 0`` is FedAvg exactly (the same program but for a zero penalty
+    gradient). The paper's inexactness (a variable number of local epochs per
+    device, "stragglers") is not modelled: every client takes the same number
+    of steps (or ``local_epochs`` epochs of its own data).
+
+    Args:
+      model: the model.
+      mu: proximal coefficient ``mu >= 0``; may be a traced array (``sweep``).
+      client_lr, num_local_steps, local_epochs, batch_size, sampling: local SGD.
+      cohort_size, cohort: clients per round and how they are drawn.
+      server_optimizer, aggregator, weighted: the server step (default: the
+        size-weighted mean of the uploads, ``w <- w + mean``).
+      attack, malicious: an update attack and the ``[num_clients]`` mask of
+        malicious clients, applied to the uploads.
+      finetune_steps, finetune_lr, finetune_lam: finetuning evaluation views.
+      engine, unroll: execution (see ``fedavg``).
+
+    Raises:
+      ValueError: ``mu`` negative or not finite, or any ``fedavg`` argument
+        invalid.
+    """
+    check_nonnegative("mu", mu)
+    if jnp.ndim(mu) != 0:
+        raise ValueError(f"mu: must be a scalar, got shape {jnp.shape(mu)}")
+    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll,
+                            local_epochs)
+    check_cohort(cohort_size, cohort)
+    ft_cfg = make_finetune_config(cfg, finetune_steps, finetune_lr, finetune_lam)
+    engine = engine or EngineConfig()
+    solver = global_solver(model, cfg, aggregator=aggregator or mean(weighted=weighted),
+                           server_optimizer=server_optimizer or optax.sgd(1.0),
+                           attack=attack, malicious=malicious,
+                           local_penalty=lambda w: prox_penalty(mu, w))
+
+    def eval_models(state, data, key):
+        out = {"global": ModelView(model, state.server.params, False)}
+        out.update(finetune_views(model, state.server.params, data, key, ft_cfg,
+                                  engine))
+        return out
+
+    return stateless_algorithm(solver, solver.client_update, eval_models,
+                               cohort_size=cohort_size, cohort=cohort, engine=engine,
+                               malicious=malicious)

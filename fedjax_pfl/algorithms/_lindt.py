@@ -1,0 +1,396 @@
+"""LINDT: NFL detection on the server and dual-model recovery on the clients.
+
+Reference: Hong Lin, Lidan Shou, Ke Chen, Gang Chen, Sai Wu, "LINDT: Tackling
+Negative Federated Learning with Local Adaptation" (arXiv 2020), Alg. 2
+(App. B.2), Eq. 4 (DP aggregation), Eq. 5-7 (detection), Eq. 8-10 (dual model),
+§5.3 and App. C.7 (stopping strategies). Spec: specs/lindt.md; every decision
+the paper leaves open: docs/lindt.md.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from fedjax_pfl.aggregators import Aggregator, mean
+from fedjax_pfl.core._clients import (
+    check_nonnegative,
+    check_positive,
+    client_keys,
+    is_concrete,
+    lift,
+    tree_broadcast,
+)
+from fedjax_pfl.core._local import local_train
+from fedjax_pfl.core._round import EngineConfig, federated_round
+from fedjax_pfl.core._types import Algorithm, AlgorithmState, ClientResult, ModelView
+from fedjax_pfl.data._federated import client_batch_indices, gather_batch
+from fedjax_pfl.metrics._nfl import (
+    EPS,
+    R_PRIME,
+    STOP_STREAK,
+    DetectorState,
+    detector_init,
+    detector_update,
+    divergence_from_updates,
+)
+from fedjax_pfl.models._model import batch_loss
+from fedjax_pfl.privacy._client_dp import clip_updates
+from fedjax_pfl.privacy._noise import gaussian_noise
+
+from ._fedavg import (
+    _Deferred,
+    check_cohort,
+    check_malicious,
+    default_unroll,
+    make_local_config,
+    resolve_cohort_size,
+)
+from ._lindt_model import SCORE_VARIANTS, DualModel, dual_apply, local_head_model
+
+MODES = ("always", "detect", "off")
+STOP_STRATEGIES = ("never", "all_trained_once", "delta_below")
+V_INITS = ("random", "copy_global")
+LOCAL_TAG, NOISE_TAG, FB_TAG = 21, 22, 23  # fold_in tags
+
+
+class LindtServerState(NamedTuple):
+    """Attributes: ``params`` (w), ``agg_state``, ``detector``
+    (:class:`~fedjax_pfl.metrics.DetectorState`), ``dual_on`` (clients train and
+    evaluate the dual model), ``stopped`` (a stopping strategy ended dual
+    training for good), ``round`` (rounds done, for the lr decay)."""
+
+    params: object
+    agg_state: object
+    detector: DetectorState
+    dual_on: jax.Array
+    stopped: jax.Array
+    round: jax.Array
+
+
+class LindtClientState(NamedTuple):
+    """Attributes: ``local`` (the persistent local model v_i, never uploaded;
+    ``()`` with ``mode='off'``), ``has_local`` (v_i has been trained)."""
+
+    local: object
+    has_local: jax.Array
+
+
+def lindt(
+    dual: DualModel,
+    *,
+    mode: str = "always",
+    client_lr: float | jax.Array = 0.1,
+    lr_decay: float | jax.Array = 1.0,
+    num_local_steps: int = 10,
+    local_epochs: float | None = None,
+    batch_size: int = 10,
+    sampling: str = "with_replacement",
+    cohort_size: int = 10,
+    cohort: str = "uniform",
+    aggregator: Aggregator | None = None,
+    clip: float | jax.Array = float("inf"),
+    noise_std: float | jax.Array = 0.0,
+    malicious=None,
+    malicious_multiplier: int = 1,
+    eps: float | jax.Array = EPS,
+    r_prime: int | jax.Array = R_PRIME,
+    stop: str = "never",
+    stop_streak: int = STOP_STREAK,
+    score_variant: str = "paper",
+    stop_gradient: bool = False,
+    v_init: str = "random",
+    grad_clip: float | None = None,
+    finetune_top_steps: int = 0,
+    finetune_top_lr: float | jax.Array | None = None,
+    engine: EngineConfig | None = None,
+    unroll: int | bool | None = None,
+) -> Algorithm:
+    """LINDT (Alg. 2): FedAvg with DP, the NFL detector, and the dual model.
+
+    Round ``r`` (1-based): every sampled client copies ``w``; if the dual model
+    is on it trains ``(w_i, v_i)`` on ``CE(G(x)) + CE(L(x))`` (Eq. 10; one joint
+    gradient, both models step with the same lr), else plain SGD on ``CE(G(x))``
+    (FedAvg); it uploads ``u_i = w_i - w``. The server computes
+    ``w <- w + agg(Clip(u_i, clip)) + N(0, noise_std^2 I)`` (Eq. 4), then
+    ``Delta = (1/K) sum ||w_i - w|| - ||noise||`` and the detector (Alg. 2
+    s10-s15; ``metrics/_nfl.py``).
+
+    Args:
+      dual: the layered model (``dual_mlp``, ``dual_lindt_cnn``).
+      mode: ``always`` (dual model from round 1: the paper's tables),
+        ``detect`` (FedAvg until NFL is flagged, then dual from the next round),
+        ``off`` (never: FedAvg with the detector, the NFL baseline).
+      client_lr, lr_decay: step ``client_lr * lr_decay**(r - 1)`` in round ``r``
+        (global round clock; the paper: 0.1 and 0.992 on CIFAR). Traceable.
+      num_local_steps, local_epochs, batch_size, sampling: local training (see
+        ``fedavg``; the paper: 1 epoch of batches of 10).
+      cohort_size, cohort: K clients per round.
+      aggregator: rule over the clipped uploads (default unweighted mean, the
+        paper's footnote 2; ``aggregators.trimmed_mean`` gives LINDT-TM).
+      clip, noise_std: the DP of Eq. 4, S and sigma (paper 15 and 0.001; noise
+        std per coordinate, NOT scaled by S or 1/K). Traceable.
+      malicious, malicious_multiplier: ``[N]`` bool mask of attackers, who run
+        ``malicious_multiplier`` times the local steps (paper: 5 epochs against
+        1). Their data poisoning is in the data (``attacks.semantic_backdoor``).
+      eps, r_prime: detection thresholds (``Delta > eps`` counted; NFL when the
+        count exceeds ``r_prime``). Traceable.
+      stop: ``never``; ``all_trained_once`` (§5.3 strategy 1: once every
+        client has trained the dual model); ``delta_below`` (App. C.7: after
+        ``stop_streak`` consecutive rounds with ``Delta < eps``). After a stop
+        clients run FedAvg and evaluate with the global model.
+      score_variant: ``paper`` (Eq. 8) or ``cosine`` (not the paper).
+      stop_gradient: block the local loss's gradient into ``w`` (default: the
+        joint gradient of Eq. 10).
+      v_init: local models start from a ``random`` init (own key per client,
+        the global model's initializer) or a ``copy_global`` of ``w`` when first
+        trained.
+      grad_clip: optional max norm of the joint gradient over ``(w, v)`` per
+        step (PyTorch ``clip_grad_norm_`` on all parameters; paper: 5).
+      finetune_top_steps, finetune_top_lr: with steps > 0 an ``fb`` view: every
+        client finetunes the top layer of ``w`` (FB baseline; lr default
+        ``client_lr``).
+      engine, unroll: execution (see ``fedavg``).
+
+    Evaluated models: ``global`` (w) and, unless ``mode='off'``, ``personal``:
+    the dual model's local head with the current ``w`` for clients that have a
+    local model while the dual model is on, else the global model.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode: must be one of {MODES}, got {mode!r}")
+    if stop not in STOP_STRATEGIES:
+        raise ValueError(f"stop: must be one of {STOP_STRATEGIES}, got {stop!r}")
+    if v_init not in V_INITS:
+        raise ValueError(f"v_init: must be one of {V_INITS}, got {v_init!r}")
+    if score_variant not in SCORE_VARIANTS:
+        raise ValueError(f"score_variant: must be one of {SCORE_VARIANTS}, got "
+                         f"{score_variant!r}")
+    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll,
+                            local_epochs)
+    check_cohort(cohort_size, cohort)
+    check_positive("lr_decay", lr_decay)
+    if is_concrete(clip) and not np.all(np.asarray(clip, np.float64) > 0):
+        raise ValueError(f"clip: must be positive (inf disables clipping), got {clip!r}")
+    check_nonnegative("noise_std", noise_std)
+    check_positive("eps", eps)
+    check_nonnegative("r_prime", r_prime)
+    for name, val, low in (("malicious_multiplier", malicious_multiplier, 1),
+                           ("stop_streak", stop_streak, 1),
+                           ("finetune_top_steps", finetune_top_steps, 0)):
+        if not isinstance(val, int) or val < low:
+            raise ValueError(f"{name}: must be an integer >= {low}, got {val!r}")
+    if grad_clip is not None:
+        check_positive("grad_clip", grad_clip)
+    if finetune_top_lr is not None:
+        check_positive("finetune_top_lr", finetune_top_lr)
+    engine = engine or EngineConfig()
+    aggregator = aggregator or mean(weighted=False)
+    model = dual.model
+    mal = None if malicious is None else jnp.asarray(malicious, bool)
+    use_dual = mode != "off"
+    no_noise = is_concrete(noise_std) and np.all(np.asarray(noise_std) == 0)
+
+    def init(key, data):
+        check_malicious(malicious, data.num_clients)
+        w = model.init(key)
+        n = data.num_clients
+        if not use_dual:
+            local = ()
+        elif v_init == "random":
+            local = jax.vmap(model.init)(client_keys(
+                jax.random.fold_in(key, LOCAL_TAG), data.key_ids))
+        else:
+            local = tree_broadcast(w, n)
+        server = LindtServerState(w, aggregator.init(w), detector_init(),
+                                  jnp.asarray(mode == "always"), jnp.zeros((), bool),
+                                  jnp.zeros((), jnp.int32))
+        return AlgorithmState(server, LindtClientState(local, jnp.zeros((n,), bool)),
+                              jnp.zeros((), jnp.int32))
+
+    def steps_of(data, cid):
+        """(static step bound, this client's active steps, unroll)."""
+        if cfg.epochs is None:
+            base, active = cfg.num_steps, jnp.int32(cfg.num_steps)
+        else:
+            base = max(1, math.ceil(cfg.epochs * data.train.max_count / cfg.batch_size))
+            active = jnp.maximum(1, jnp.ceil(cfg.epochs * data.train.counts[cid]
+                                             / cfg.batch_size)).astype(jnp.int32)
+        if mal is not None and malicious_multiplier > 1:
+            active = active * jnp.where(mal[cid], malicious_multiplier, 1)
+            base = base * malicious_multiplier
+        un = cfg.unroll if cfg.unroll is not None else default_unroll(base)
+        return base, active, un
+
+    def clip_grads(g):
+        if grad_clip is None:
+            return g
+        norm = optax.tree.norm(g)
+        return jax.tree.map(lambda a: a * jnp.minimum(1.0, grad_clip / jnp.maximum(
+            norm, 1e-12)).astype(a.dtype), g)
+
+    def sgd(p, g, lr):  # optax.sgd's arithmetic (FedAvg bit for bit)
+        return jax.tree.map(lambda a, b: a + b * (-lr), p, g)
+
+    num_taps = len(dual.layers) - 1
+
+    def client_fn(server, cstate, cid, key, data):
+        w = server.params
+        lr = cfg.lr * lr_decay ** server.round.astype(jnp.float32)
+        num_steps, active, un = steps_of(data, cid)
+        rows, masks = client_batch_indices(data.train, cid, key, num_steps=num_steps,
+                                           batch_size=cfg.batch_size,
+                                           sampling=cfg.sampling)
+        v0 = cstate.local
+        if use_dual and v_init == "copy_global":
+            v0 = jax.tree.map(lambda a, b: jnp.where(cstate.has_local, a, b), v0, w)
+
+        def plain(p, v, b):
+            loss, g = jax.value_and_grad(
+                lambda q: batch_loss(model, q, b.x, b.y, b.mask))(p)
+            zero = jnp.zeros((), loss.dtype)
+            return sgd(p, clip_grads(g), lr), v, loss, zero, jnp.zeros((num_taps,))
+
+        def joint(p, v, b):
+            def objective(pw, pv):
+                g, out, s = dual_apply(dual, pw, pv, b.x, variant=score_variant,
+                                       stop_gradient=stop_gradient)
+                den = jnp.maximum(jnp.sum(b.mask), 1.0)
+                lg = jnp.sum(model.loss(g, b.y) * b.mask) / den
+                ll = jnp.sum(model.loss(out, b.y) * b.mask) / den
+                return lg + ll, (lg, ll, jnp.sum(s * b.mask, axis=1) / den)
+
+            (_, (lg, ll, s)), (gw, gv) = jax.value_and_grad(
+                objective, argnums=(0, 1), has_aux=True)(p, v)
+            gw, gv = clip_grads((gw, gv))
+            return sgd(p, gw, lr), sgd(v, gv, lr), lg, ll, s
+
+        def step(carry, inputs):
+            p, v = carry
+            i, r, m = inputs
+            b = gather_batch(data.train, r, m)
+
+            def train(p, v, b):
+                if use_dual:
+                    return jax.lax.cond(server.dual_on, joint, plain, p, v, b)
+                return plain(p, v, b)
+
+            def skip(p, v, b):  # steps past this client's count (cond: no compute)
+                z = jnp.zeros((), jnp.float32)
+                return p, v, z, z, jnp.zeros((num_taps,))
+
+            out = jax.lax.cond(i < active, train, skip, p, v, b)
+            return out[:2], out[2:]
+
+        steps = jnp.arange(num_steps)
+        (w_k, v), (losses, llosses, scores) = jax.lax.scan(
+            step, (w, v0), (steps, rows, masks), unroll=un)
+        on = (steps < active).astype(jnp.float32)
+        cnt = jnp.sum(on)
+        metrics = {"loss": jnp.sum(losses * on) / cnt,
+                   "local_loss": jnp.sum(llosses * on) / cnt}
+        for t, name in enumerate(dual.names):
+            metrics[f"score_{name}"] = jnp.sum(scores[:, t] * on) / cnt
+        delta = jax.tree.map(jnp.subtract, w_k, w)
+        if use_dual:
+            dual_on = server.dual_on
+            local = jax.tree.map(lambda a, b: jnp.where(dual_on, a, b), v, cstate.local)
+            new_state = LindtClientState(local, cstate.has_local | dual_on)
+        else:
+            new_state = cstate
+        n = data.train.counts[cid].astype(jnp.float32)
+        return ClientResult(new_state, delta, n, metrics)
+
+    def server_fn(server, updates, weights, mask, metrics, key):
+        clipped, _ = clip_updates(updates, clip)
+        agg, agg_state = aggregator.aggregate(server.agg_state, clipped, weights, mask,
+                                              key)
+        if no_noise:  # a concrete sigma = 0: skip the draw (and its compile time)
+            noise = jax.tree.map(jnp.zeros_like, agg)
+        else:
+            noise = gaussian_noise(jax.random.fold_in(key, NOISE_TAG), agg, noise_std)
+        change = jax.tree.map(jnp.add, agg, noise)
+        params = jax.tree.map(jnp.add, server.params, change)
+        w_div = divergence_from_updates(updates, change, mask)
+        noise_norm = optax.tree.norm(noise)
+        delta = w_div - noise_norm
+        det = detector_update(server.detector, delta, server.round + 1, eps=eps,
+                              r_prime=r_prime)
+        new = server._replace(params=params, agg_state=agg_state, detector=det,
+                              round=server.round + 1)
+        out = {"nfl/delta": delta, "nfl/w_div": w_div, "nfl/noise_norm": noise_norm,
+               "nfl/count": det.count, "nfl/detected": det.detected,
+               "nfl/detect_round": det.detect_round,
+               "server/update_norm": optax.tree.norm(agg)}
+        return new, out
+
+    def transitions(state: AlgorithmState):
+        """Switching on at detection and the stopping strategies (end of round)."""
+        s = state.server
+        on = s.dual_on | (s.detector.detected if mode == "detect" else False)
+        if stop == "all_trained_once":
+            crit = jnp.all(state.clients.has_local)
+        elif stop == "delta_below":
+            crit = s.detector.below >= stop_streak
+        else:
+            crit = jnp.zeros((), bool)
+        stopped = s.stopped | (s.dual_on & crit)
+        on = on & ~stopped & use_dual
+        return state._replace(server=s._replace(dual_on=on, stopped=stopped))
+
+    def build(num_clients):
+        check_malicious(malicious, num_clients)
+        m = resolve_cohort_size(cohort_size, cohort, num_clients)
+        inner = federated_round(client_fn, server_fn, cohort_size=m, cohort=cohort,
+                                engine=engine)
+
+        def round_step(state, data, key):
+            state, metrics = inner(state, data, key)
+            state = transitions(state)
+            metrics["lindt/dual_on"] = state.server.dual_on
+            metrics["lindt/stopped"] = state.server.stopped
+            return state, metrics
+
+        return round_step
+
+    def eval_models(state, data, key):
+        w = state.server.params
+        out = {"global": ModelView(model, w, False)}
+        if use_dual:
+            use_local = state.clients.has_local & state.server.dual_on
+            out["personal"] = ModelView(
+                local_head_model(dual, w, variant=score_variant),
+                (state.clients.local, use_local), True)
+        if finetune_top_steps:
+            out["fb"] = ModelView(model, finetune_top(
+                dual, w, data, jax.random.fold_in(key, FB_TAG), steps=finetune_top_steps,
+                lr=client_lr if finetune_top_lr is None else finetune_top_lr,
+                batch_size=cfg.batch_size, sampling=cfg.sampling, engine=engine), True)
+        return out
+
+    return Algorithm(init, _Deferred(build), eval_models)
+
+
+def finetune_top(dual: DualModel, params, data, key, *, steps: int, lr,
+                 batch_size: int, sampling: str = "with_replacement",
+                 engine: EngineConfig | None = None):
+    """FB (Wang et al. 2019, as in LINDT §5.1): every client finetunes only the top
+    layer (``dual.top``) of ``params`` for ``steps`` SGD steps on its training
+    data. Returns the stacked ``[N, ...]`` finetuned parameters."""
+    engine = engine or EngineConfig()
+    labels = {k: ("train" if k == dual.top else "freeze") for k in params}
+    opt = optax.multi_transform({"train": optax.sgd(lr),
+                                 "freeze": optax.set_to_zero()}, labels)
+    ids = jnp.arange(data.num_clients, dtype=jnp.int32)
+    keys = client_keys(key, data.key_ids)
+
+    def one(cid, k):
+        return local_train(dual.model, params, data.train, cid, k, optimizer=opt,
+                           num_steps=steps, batch_size=batch_size, sampling=sampling,
+                           unroll=default_unroll(steps))[0]
+
+    return lift(one, engine.strategy, engine.map_batch_size)(ids, keys)

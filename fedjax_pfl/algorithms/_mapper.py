@@ -1,0 +1,173 @@
+"""Mapper: per-device model interpolation (a Ditto-paper baseline).
+
+References: Yishay Mansour, Mehryar Mohri, Jae Ro, Ananda Theertha Suresh,
+"Three Approaches for Personalization with Applications to Federated
+Learning", arXiv:2002.10619, 2020 (§3, model interpolation / MAPPER); as run by
+Li et al., "Ditto", ICML 2021, Table 2 (code ``flearn/trainers_MTL/mapper.py``).
+Spec: specs/ditto.md §2.5; decisions: docs/baselines-personalization.md.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from fedjax_pfl.aggregators import Aggregator, mean
+from fedjax_pfl.core._clients import lift, tree_broadcast
+from fedjax_pfl.core._local import client_loss
+from fedjax_pfl.core._round import EngineConfig, federated_round
+from fedjax_pfl.core._types import Algorithm, AlgorithmState, ModelView
+from fedjax_pfl.models._model import Model
+
+from ._apfl import mix
+from ._fedavg import client_upload
+from ._ewc import finetune_clients, finetune_local_config
+from ._fedavg import (
+    _Deferred,
+    check_cohort,
+    check_malicious,
+    global_solver,
+    make_local_config,
+    resolve_cohort_size,
+    run_local,
+)
+
+GLOBAL_TAG = 14  # fold_in tag of the global step's minibatch
+
+
+class MapperClientState(NamedTuple):
+    """``local``: the client's ``h_k`` (starts at ``w^0``); ``lam``: its
+    interpolation weight ``lambda_k`` (0 until first selected)."""
+
+    local: object
+    lam: jax.Array
+
+
+def reparam(model: Model, fn) -> Model:
+    """``model`` seen as a function of ``p`` through ``params = fn(p)``."""
+    reg = model.regularizer
+    return model._replace(apply=lambda p, x: model.apply(fn(p), x),
+                          regularizer=None if reg is None else (lambda p: reg(fn(p))))
+
+
+def mapper(
+    model: Model,
+    *,
+    lam_grid: tuple[float, ...] = (0.25, 0.5, 0.75),
+    client_lr: float | jax.Array = 0.1,
+    num_local_steps: int = 10,
+    batch_size: int = 32,
+    cohort_size: int = 10,
+    cohort: str = "size_weighted",
+    sampling: str = "with_replacement",
+    aggregator: Aggregator | None = None,
+    weighted: bool = False,
+    server_optimizer: optax.GradientTransformation | None = None,
+    attack=None,
+    malicious=None,
+    finetune_steps: int = 50,
+    finetune_epochs: float | None = None,
+    finetune_lr: float | jax.Array | None = None,
+    engine: EngineConfig | None = None,
+    unroll: int | bool | None = None,
+) -> Algorithm:
+    """Model interpolation ``lam_k h_k + (1 - lam_k) w`` as in the Ditto code.
+
+    Every selected client k, given ``w^t``:
+
+    1. for each ``lam`` of ``lam_grid`` (same minibatches for every candidate),
+       runs ``num_local_steps + 1`` SGD steps on ``h``, from its ``h_k``:
+       ``h <- h - lr lam grad f(lam h + (1 - lam) w^t; b)``;
+    2. keeps the candidate whose interpolation has the lowest loss on the
+       client's full training set (``lam_k``, ``h_k`` persist);
+    3. takes one SGD step on ``w``: ``w_k = w^t - lr (1 - lam_k) grad f(lam_k h_k
+       + (1 - lam_k) w^t; b')`` and uploads ``w_k - w^t`` (attacked if
+       malicious); the server aggregates over the WHOLE cohort (the code's
+       ``csolns.append`` outside the client loop, which averages only the last
+       client, is not reproduced).
+
+    Evaluated: ``global``; ``interpolated`` (``lam_k h_k + (1 - lam_k) w``);
+    ``personal``: that interpolation finetuned with plain SGD (the code's last
+    step). Unselected-so-far clients have ``lam_k = 0`` (the global model).
+
+    Args:
+      model: the model.
+      lam_grid: candidate interpolation weights in [0, 1].
+      client_lr, num_local_steps, batch_size, sampling: local SGD.
+      cohort_size, cohort, aggregator, weighted, server_optimizer: FedAvg.
+      attack, malicious: update attack and ``[num_clients]`` malicious mask.
+      finetune_steps, finetune_epochs, finetune_lr: the finetuned evaluation.
+      engine, unroll: execution.
+
+    Raises:
+      ValueError: for invalid arguments (the message names the argument).
+    """
+    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll)
+    check_cohort(cohort_size, cohort)
+    grid = tuple(float(g) for g in lam_grid)
+    if not grid or any(not np.isfinite(g) or g < 0 or g > 1 for g in grid):
+        raise ValueError(f"lam_grid: must be non-empty with values in [0, 1], got "
+                         f"{lam_grid!r}")
+    ft = finetune_local_config(cfg, finetune_steps, finetune_epochs, finetune_lr)
+    hcfg = cfg._replace(num_steps=cfg.num_steps + 1)
+    gcfg = cfg._replace(num_steps=1, unroll=1)
+    engine = engine or EngineConfig()
+    aggregator = aggregator or mean(weighted=weighted)
+    solver = global_solver(model, cfg, aggregator=aggregator,
+                           server_optimizer=server_optimizer or optax.sgd(1.0),
+                           attack=attack, malicious=malicious)
+    mal = None if malicious is None else jnp.asarray(malicious, bool)
+
+    def init(key, data):
+        check_malicious(malicious, data.num_clients)
+        server = solver.init(key)
+        n = data.num_clients
+        clients = MapperClientState(tree_broadcast(server.params, n),
+                                    jnp.zeros((n,), jnp.float32))
+        return AlgorithmState(server, clients, jnp.zeros((), jnp.int32))
+
+    def personal_update(h, w, cid, key, data):
+        def candidate(lam):
+            interp = lambda p: mix(lam, p, w)
+            h_c, loss = run_local(reparam(model, interp), h, data, cid, key, hcfg)
+            return h_c, loss, client_loss(model, interp(h_c), data.train, cid)
+
+        cands = jnp.asarray(grid, jnp.float32)
+        hs, losses, scores = lift(candidate, engine.strategy,
+                                  engine.map_batch_size)(cands)
+        i = jnp.argmin(jnp.where(jnp.isnan(scores), jnp.inf, scores))
+        return jax.tree.map(lambda a: a[i], hs), cands[i], losses[i]
+
+    def build(num_clients):
+        check_malicious(malicious, num_clients)
+        m = resolve_cohort_size(cohort_size, cohort, num_clients)
+
+        def client_fn(server, state, cid, key, data):
+            w = server.params
+            h, lam, ploss = personal_update(state.local, w, cid, key, data)
+            w_k, loss = run_local(reparam(model, lambda p: mix(lam, h, p)), w, data,
+                                  cid, jax.random.fold_in(key, GLOBAL_TAG), gcfg)
+            res = client_upload(model, aggregator, attack, mal, w, w_k, cid, key,
+                                data, m, {"loss": loss, "personal_loss": ploss,
+                                          "lam": lam})
+            return res._replace(client_state=MapperClientState(h, lam))
+
+        return federated_round(client_fn, solver.server_fn, cohort_size=m,
+                               cohort=cohort, engine=engine,
+                               linear_weights=aggregator.linear_weights)
+
+    def eval_models(state, data, key):
+        w = state.server.params
+        interp = jax.vmap(lambda h, lam: mix(lam, h, w))(state.clients.local,
+                                                         state.clients.lam)
+        tuned = finetune_clients(model, interp, data, key, ft, engine,
+                                 per_client_start=True)
+        return {"global": ModelView(model, w, False),
+                "interpolated": ModelView(model, interp, True),
+                "personal": ModelView(model, tuned, True)}
+
+    return Algorithm(init, _Deferred(build), eval_models)

@@ -1,0 +1,179 @@
+"""Per-FedAvg: personalized FedAvg through model-agnostic meta-learning.
+
+Reference: Alireza Fallah, Aryan Mokhtari, Asuman Ozdaglar, "Personalized
+Federated Learning with Theoretical Guarantees: A Model-Agnostic Meta-Learning
+Approach", NeurIPS 2020 (Algorithm 1; the Hessian-free variant, eq. (10)); as a
+baseline in Li et al., "Ditto", ICML 2021, Table 2 (code
+``flearn/trainers_MTL/meta.py``). Spec: specs/ditto.md §2.5; decisions:
+docs/baselines-personalization.md.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedjax_pfl.aggregators import Aggregator, mean
+from fedjax_pfl.core._clients import check_nonnegative, check_positive
+from fedjax_pfl.core._round import EngineConfig, federated_round
+from fedjax_pfl.core._types import Algorithm, AlgorithmState, ModelView
+from fedjax_pfl.data._federated import client_batch_indices, gather_batch
+from fedjax_pfl.models._model import Model, batch_loss
+
+from ._fedavg import client_upload
+from ._ewc import finetune_clients, finetune_local_config
+from ._fedavg import (
+    _Deferred,
+    check_cohort,
+    check_malicious,
+    global_solver,
+    make_local_config,
+    resolve_cohort_size,
+)
+
+HESSIANS = ("hf", "exact", "fo")
+
+
+def hvp(grad_fn, w, v, *, hessian: str, delta):
+    """``H(w) v`` for ``grad_fn = grad f``: central difference ``(grad f(w + d v)
+    - grad f(w - d v)) / (2 d)`` (``hf``), forward-over-reverse ``jax.jvp``
+    (``exact``), or zero (``fo``, first-order MAML)."""
+    if hessian == "fo":
+        return jax.tree.map(jnp.zeros_like, v)
+    if hessian == "exact":
+        return jax.jvp(grad_fn, (w,), (v,))[1]
+    plus = grad_fn(jax.tree.map(lambda a, b: a + delta * b, w, v))
+    minus = grad_fn(jax.tree.map(lambda a, b: a - delta * b, w, v))
+    return jax.tree.map(lambda p, m: (p - m) / (2.0 * delta), plus, minus)
+
+
+def per_fedavg_step(model, w, batches, *, alpha, beta, delta, hessian):
+    """One Per-FedAvg local step on three minibatches ``(D, D', D'')``:
+    ``w - beta (I - alpha H(w; D'')) grad f(w - alpha grad f(w; D); D')``.
+    Returns ``(new w, loss on D at w)``."""
+    (d, d1, d2) = batches
+
+    def grad_on(b):
+        return jax.value_and_grad(lambda p: batch_loss(model, p, b.x, b.y, b.mask))
+
+    loss, g0 = grad_on(d)(w)
+    w_tmp = jax.tree.map(lambda p, g: p - alpha * g, w, g0)
+    _, g = grad_on(d1)(w_tmp)
+    hv = hvp(lambda p: grad_on(d2)(p)[1], w, g, hessian=hessian, delta=delta)
+    new = jax.tree.map(lambda p, a, h: p - beta * (a - alpha * h), w, g, hv)
+    return new, loss
+
+
+def per_fedavg(
+    model: Model,
+    *,
+    alpha: float | jax.Array = 0.1,
+    beta: float | jax.Array = 0.01,
+    delta: float | jax.Array = 1e-3,
+    hessian: str = "hf",
+    num_local_steps: int = 10,
+    batch_size: int = 32,
+    cohort_size: int = 10,
+    cohort: str = "size_weighted",
+    sampling: str = "with_replacement",
+    aggregator: Aggregator | None = None,
+    weighted: bool = False,
+    server_optimizer: optax.GradientTransformation | None = None,
+    attack=None,
+    malicious=None,
+    finetune_steps: int = 50,
+    finetune_epochs: float | None = None,
+    finetune_lr: float | jax.Array | None = None,
+    engine: EngineConfig | None = None,
+    unroll: int | bool | None = None,
+) -> Algorithm:
+    """Per-FedAvg (HF): FedAvg whose local steps are MAML steps.
+
+    Objective ``min_w 1/K sum_k F_k(w - alpha grad F_k(w))``. Each selected client
+    runs ``num_local_steps`` steps :func:`per_fedavg_step` from ``w^t`` on three
+    independent minibatch streams (``D``, ``D'``, ``D''``) and uploads ``w_k -
+    w^t``; the server aggregates as FedAvg. Evaluated: ``global`` (``w``),
+    ``personal``: every client finetunes ``w`` with plain SGD
+    (``finetune_steps`` steps or ``finetune_epochs`` epochs at ``finetune_lr``,
+    default ``alpha``), as the Ditto code evaluates Per-FedAvg, and
+    ``one_step``: the paper's adaptation, one full-batch gradient step of size
+    ``alpha`` from ``w``.
+
+    Args:
+      model: the model.
+      alpha: inner (adaptation) step size (the Ditto code: the learning rate).
+      beta: outer step size (the Ditto code: 0.01).
+      delta: central-difference step of the HF Hessian-vector product.
+      hessian: ``hf`` (central difference, the paper's HF variant), ``exact``
+        (``jax.jvp`` of the gradient) or ``fo`` (first order: no Hessian term).
+      num_local_steps, batch_size, sampling: local steps and minibatches.
+      cohort_size, cohort, aggregator, weighted, server_optimizer: FedAvg.
+      attack, malicious: update attack and ``[num_clients]`` malicious mask.
+      finetune_steps, finetune_epochs, finetune_lr: the finetuned evaluation.
+      engine, unroll: execution.
+
+    Raises:
+      ValueError: for invalid arguments (the message names the argument).
+    """
+    check_nonnegative("alpha", alpha)
+    check_positive("beta", beta)
+    check_positive("delta", delta)
+    cfg = make_local_config(beta, num_local_steps, batch_size, sampling, unroll)
+    check_cohort(cohort_size, cohort)
+    if hessian not in HESSIANS:
+        raise ValueError(f"hessian: must be one of {HESSIANS}, got {hessian!r}")
+    ft = finetune_local_config(cfg._replace(lr=alpha), finetune_steps,
+                               finetune_epochs, finetune_lr)
+    engine = engine or EngineConfig()
+    aggregator = aggregator or mean(weighted=weighted)
+    solver = global_solver(model, cfg, aggregator=aggregator,
+                           server_optimizer=server_optimizer or optax.sgd(1.0),
+                           attack=attack, malicious=malicious)
+    mal = None if malicious is None else jnp.asarray(malicious, bool)
+
+    def local(w, cid, key, data):
+        streams = [client_batch_indices(
+            data.train, cid, jax.random.fold_in(key, i), num_steps=cfg.num_steps,
+            batch_size=cfg.batch_size, sampling=cfg.sampling) for i in range(3)]
+        rows = jnp.stack([r for r, _ in streams], 1)  # [steps, 3, B]
+        masks = jnp.stack([m for _, m in streams], 1)
+
+        def step(p, inputs):
+            r, m = inputs
+            batches = [gather_batch(data.train, r[i], m[i]) for i in range(3)]
+            return per_fedavg_step(model, p, batches, alpha=alpha, beta=beta,
+                                   delta=delta, hessian=hessian)
+
+        w_k, losses = jax.lax.scan(step, w, (rows, masks), unroll=cfg.unroll)
+        return w_k, jnp.mean(losses)
+
+    def init(key, data):
+        check_malicious(malicious, data.num_clients)
+        return AlgorithmState(solver.init(key), (), jnp.zeros((), jnp.int32))
+
+    def build(num_clients):
+        check_malicious(malicious, num_clients)
+        m = resolve_cohort_size(cohort_size, cohort, num_clients)
+
+        def client_fn(server, client_state, cid, key, data):
+            w = server.params
+            w_k, loss = local(w, cid, key, data)
+            return client_upload(model, aggregator, attack, mal, w, w_k, cid, key,
+                                 data, m, {"loss": loss})
+
+        return federated_round(client_fn, solver.server_fn, cohort_size=m,
+                               cohort=cohort, engine=engine,
+                               linear_weights=aggregator.linear_weights)
+
+    def eval_models(state, data, key):
+        w = state.server.params
+        one = finetune_clients(model, w, data, key, ft._replace(
+            lr=alpha, num_steps=1, epochs=None, sampling="full_batch", unroll=1),
+            engine)
+        return {"global": ModelView(model, w, False),
+                "personal": ModelView(model, finetune_clients(
+                    model, w, data, key, ft, engine), True),
+                "one_step": ModelView(model, one, True)}
+
+    return Algorithm(init, _Deferred(build), eval_models)

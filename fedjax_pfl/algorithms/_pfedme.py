@@ -1,0 +1,174 @@
+"""pFedMe: personalized FL with Moreau envelopes.
+
+Reference: Canh T. Dinh, Nguyen H. Tran, Tuan Dung Nguyen, "Personalized Federated
+Learning with Moreau Envelopes", NeurIPS 2020 (Algorithm 1; the authors' code
+github.com/CharlieDinh/pFedMe for the details the paper leaves open).
+Decisions: docs/baselines-global.md.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from fedjax_pfl.aggregators import Aggregator, mean
+from fedjax_pfl.core._clients import check_positive, tree_broadcast
+from fedjax_pfl.core._local import prox_penalty
+from fedjax_pfl.core._round import EngineConfig, federated_round
+from fedjax_pfl.core._types import Algorithm, AlgorithmState, ModelView
+from fedjax_pfl.data._federated import client_batch_indices, gather_batch
+from fedjax_pfl.models._model import Model, batch_loss
+
+from ._fedavg import (
+    ServerState,
+    _Deferred,
+    check_cohort,
+    check_malicious,
+    client_upload,
+    make_local_config,
+    resolve_cohort_size,
+)
+from ._scaffold import _norm
+
+
+def prox_solve(model: Model, anchor, start, x, y, mask, *, lam, lr, steps: int,
+               unroll: int | bool = 1):
+    """``steps`` gradient steps at ``lr`` from ``start`` on
+    ``f(theta; batch) + lam/2 ||theta - anchor||^2``: pFedMe's approximate
+    inner solution ``theta(anchor)`` (the prox of ``f`` at ``anchor``)."""
+    pen = prox_penalty(lam, anchor)
+
+    def step(theta, _):
+        g = jax.grad(lambda p: batch_loss(model, p, x, y, mask) + pen(p))(theta)
+        return jax.tree.map(lambda t, gt: t - lr * gt, theta, g), None
+
+    theta, _ = jax.lax.scan(step, start, None, length=steps, unroll=unroll)
+    return theta
+
+
+def pfedme(
+    model: Model,
+    *,
+    lam: float | jax.Array = 15.0,
+    inner_steps: int = 5,
+    inner_lr: float | jax.Array = 0.01,
+    beta: float | jax.Array = 1.0,
+    client_lr: float | jax.Array = 0.005,
+    num_local_steps: int = 20,
+    batch_size: int = 20,
+    cohort_size: int = 10,
+    cohort: str = "uniform",
+    sampling: str = "with_replacement",
+    aggregator: Aggregator | None = None,
+    weighted: bool = False,
+    attack=None,
+    malicious=None,
+    engine: EngineConfig | None = None,
+    unroll: int | bool | None = None,
+) -> Algorithm:
+    """pFedMe (Algorithm 1).
+
+    Each selected client k starts from ``w_k = theta_k = w^t`` and, for each of
+    ``R = num_local_steps`` local rounds, draws a minibatch ``D``, runs
+    ``inner_steps`` gradient steps at ``inner_lr`` on
+    ``f_k(theta; D) + lam/2 ||theta - w_k||^2`` (warm-started at the previous
+    ``theta_k``), then ``w_k <- w_k - eta lam (w_k - theta_k)``
+    (``eta = client_lr``). It uploads ``w_k - w^t`` and keeps ``theta_k`` as its
+    personal model. The server sets ``w <- w + beta agg(w_k - w^t)``, i.e.
+    ``(1 - beta) w + beta mean_S w_k`` for the default unweighted mean.
+
+    Evaluated models: ``global`` (``w``) and ``personal`` (``theta_k``; a client
+    never selected keeps ``theta_k = w^0``; the authors' code trains every
+    client each round and aggregates only the selected ones, which costs
+    ``N / cohort_size`` times more and is not done here). An ``attack`` replaces
+    a malicious client's upload.
+
+    Args:
+      model: the model.
+      lam: regularization ``lambda > 0`` (may be traced).
+      inner_steps, inner_lr: the inner solver (``K`` and the personal lr).
+      beta: server mixing ``beta > 0`` (``1``: plain average; the paper also
+        uses ``beta > 1``); may be traced.
+      client_lr, num_local_steps, batch_size, sampling: ``eta``, ``R``, ``|D|``.
+      cohort_size, cohort: clients per round and how they are drawn.
+      aggregator, weighted: the rule applied to the uploads (default: the
+        paper's unweighted mean; the authors' code weights by size).
+      attack, malicious: update attack and ``[num_clients]`` malicious mask.
+      engine, unroll: execution (see ``fedavg``); ``unroll`` applies to the
+        ``R`` local rounds, the inner loop is not unrolled.
+
+    Raises:
+      ValueError: ``lam``, ``inner_lr`` or ``beta`` not positive,
+        ``inner_steps`` not a positive integer, or an invalid ``fedavg``
+        argument.
+    """
+    for name, v in (("lam", lam), ("inner_lr", inner_lr), ("beta", beta)):
+        check_positive(name, v)
+        if jnp.ndim(v) != 0:
+            raise ValueError(f"{name}: must be a scalar, got shape {jnp.shape(v)}")
+    if not isinstance(inner_steps, int) or inner_steps < 1:
+        raise ValueError(
+            f"inner_steps: must be a positive integer, got {inner_steps!r}")
+    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll)
+    check_cohort(cohort_size, cohort)
+    if attack is not None and malicious is None:
+        raise ValueError("malicious: an attack needs the [num_clients] bool mask of "
+                         "malicious clients")
+    agg = aggregator or mean(weighted=weighted)
+    mal = None if malicious is None else jnp.asarray(malicious, bool)
+    engine = engine or EngineConfig()
+
+    def init(key, data):
+        check_malicious(malicious, data.num_clients)
+        params = model.init(key)
+        server = ServerState(params, (), agg.init(params))
+        return AlgorithmState(server, tree_broadcast(params, data.num_clients),
+                              jnp.zeros((), jnp.int32))
+
+    def local_update(w, cid, key, data):
+        """R local rounds from ``w``: ``(w_k, theta_k, mean personal loss)``."""
+        rows, mask = client_batch_indices(
+            data.train, cid, key, num_steps=cfg.num_steps, batch_size=cfg.batch_size,
+            sampling=cfg.sampling)
+
+        def local_round(carry, inputs):
+            w_k, theta = carry
+            b = gather_batch(data.train, *inputs)
+            theta = prox_solve(model, w_k, theta, b.x, b.y, b.mask, lam=lam,
+                               lr=inner_lr, steps=inner_steps)
+            w_k = jax.tree.map(lambda a, t: a - cfg.lr * lam * (a - t), w_k, theta)
+            return (w_k, theta), batch_loss(model, theta, b.x, b.y, b.mask)
+
+        (w_k, theta), losses = jax.lax.scan(local_round, (w, w), (rows, mask),
+                                            unroll=cfg.unroll)
+        return w_k, theta, jnp.mean(losses)
+
+    def client_update(server, theta_old, cid, key, data, m):
+        w = server.params
+        w_k, theta, loss = local_update(w, cid, key, data)
+        return client_upload(model, agg, attack, mal, w, w_k, cid, key, data, m,
+                             {"personal_loss": loss})._replace(client_state=theta)
+
+    def build(num_clients):
+        check_malicious(malicious, num_clients)
+        m = resolve_cohort_size(cohort_size, cohort, num_clients)
+
+        def client_fn(server, theta, cid, key, data):
+            return client_update(server, theta, cid, key, data, m)
+
+        def server_fn(server, updates, weights, mask, metrics, key):
+            delta, agg_state = agg.aggregate(
+                server.agg_state, updates, weights, mask, key,
+                losses=metrics.get("round_start_loss"))
+            params = jax.tree.map(lambda p, d: p + beta * d, server.params, delta)
+            return ServerState(params, (), agg_state), {
+                "server/update_norm": _norm(delta)}
+
+        return federated_round(client_fn, server_fn, cohort_size=m, cohort=cohort,
+                               engine=engine, linear_weights=agg.linear_weights)
+
+    def eval_models(state, data, key):
+        return {"global": ModelView(model, state.server.params, False),
+                "personal": ModelView(model, state.clients, True)}
+
+    return Algorithm(init, _Deferred(build), eval_models)

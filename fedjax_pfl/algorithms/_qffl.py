@@ -1,0 +1,151 @@
+"""q-FFL: fair resource allocation (q-FedAvg and q-FedSGD).
+
+Reference: Tian Li, Maziar Sanjabi, Ahmad Beirami, Virginia Smith, "Fair Resource
+Allocation in Federated Learning", ICLR 2020 (Algorithms 1-2, q-FedSGD and
+q-FedAvg). Decisions: docs/baselines-global.md.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from fedjax_pfl.attacks import attack_update
+from fedjax_pfl.core._clients import check_nonnegative, check_positive
+from fedjax_pfl.core._local import client_loss
+from fedjax_pfl.core._round import EngineConfig, federated_round
+from fedjax_pfl.core._types import Algorithm, AlgorithmState, ClientResult, ModelView
+from fedjax_pfl.models._model import Model
+
+from ._fedavg import (
+    ATTACK_TAG,
+    _Deferred,
+    check_cohort,
+    check_malicious,
+    make_local_config,
+    resolve_cohort_size,
+    run_local,
+)
+from ._scaffold import _norm
+
+VARIANTS = ("qfedavg", "qfedsgd")
+
+
+def qffl(
+    model: Model,
+    *,
+    q: float | jax.Array = 1.0,
+    lipschitz_L: float | jax.Array = 10.0,
+    variant: str = "qfedavg",
+    client_lr: float | jax.Array = 0.1,
+    num_local_steps: int = 10,
+    batch_size: int = 32,
+    cohort_size: int = 10,
+    cohort: str = "uniform",
+    sampling: str = "with_replacement",
+    attack=None,
+    malicious=None,
+    engine: EngineConfig | None = None,
+    unroll: int | bool | None = None,
+) -> Algorithm:
+    """q-FedAvg / q-FedSGD: minimizes ``sum_k p_k F_k^{q+1} / (q+1)``.
+
+    Each selected client k computes ``F_k = F_k(w^t)`` (its loss on all its
+    training data) and a direction ``Delta_k``:
+
+    * ``qfedavg``: ``Delta_k = L (w^t - w_k)``, ``w_k`` from ``num_local_steps``
+      SGD steps at ``client_lr`` from ``w^t`` (Algorithm 2);
+    * ``qfedsgd``: ``Delta_k = grad F_k(w^t)`` on all its training data
+      (Algorithm 1; the local-SGD arguments are then unused);
+
+    and uploads ``F_k^q Delta_k`` and ``h_k = q F_k^{q-1} ||Delta_k||^2 +
+    L F_k^q``. The server sets ``w <- w^t - sum_k F_k^q Delta_k / sum_k h_k``.
+
+    ``q = 0``: ``h_k = L``, so q-FedAvg is ``w <- mean_k w_k`` (FedAvg with the
+    unweighted mean) and q-FedSGD is gradient descent at step ``1/L`` on the
+    unweighted mean loss. The server step is a ratio of sums, not an aggregate
+    of updates, so no ``aggregator`` applies. An ``attack`` replaces a malicious
+    client's model update ``w_k - w^t`` (q-FedSGD: ``-grad F_k / L``) before
+    ``Delta_k`` and ``h_k`` are formed; its reported loss ``F_k`` is honest.
+
+    Args:
+      model: the model.
+      q: fairness parameter ``q >= 0`` (``0``: FedAvg); may be traced.
+      lipschitz_L: the Lipschitz constant estimate ``L > 0`` (the paper's step
+        ``1/L``); may be traced.
+      variant: ``qfedavg`` or ``qfedsgd``.
+      client_lr, num_local_steps, batch_size, sampling: q-FedAvg's local SGD.
+      cohort_size, cohort: clients per round and how they are drawn (the paper
+        samples clients with probability ``p_k``, i.e. ``size_weighted``, then
+        averages without weights).
+      attack, malicious: update attack and ``[num_clients]`` malicious mask.
+      engine, unroll: execution (see ``fedavg``).
+
+    Raises:
+      ValueError: ``q < 0``, ``lipschitz_L <= 0``, an unknown ``variant``, or an
+        invalid ``fedavg`` argument.
+    """
+    check_nonnegative("q", q)
+    check_positive("lipschitz_L", lipschitz_L)
+    for name, v in (("q", q), ("lipschitz_L", lipschitz_L)):
+        if jnp.ndim(v) != 0:
+            raise ValueError(f"{name}: must be a scalar, got shape {jnp.shape(v)}")
+    if variant not in VARIANTS:
+        raise ValueError(f"variant: must be one of {VARIANTS}, got {variant!r}")
+    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll)
+    check_cohort(cohort_size, cohort)
+    if attack is not None and malicious is None:
+        raise ValueError("malicious: an attack needs the [num_clients] bool mask of "
+                         "malicious clients")
+    mal = None if malicious is None else jnp.asarray(malicious, bool)
+    engine = engine or EngineConfig()
+
+    def init(key, data):
+        check_malicious(malicious, data.num_clients)
+        return AlgorithmState(model.init(key), (), jnp.zeros((), jnp.int32))
+
+    def client_update(w, cid, key, data, m):
+        if variant == "qfedavg":
+            f_k = client_loss(model, w, data.train, cid)
+            w_k, loss = run_local(model, w, data, cid, key, cfg)
+            update = jax.tree.map(jnp.subtract, w_k, w)
+        else:
+            f_k, grad = jax.value_and_grad(
+                lambda p: client_loss(model, p, data.train, cid))(w)
+            loss = f_k
+            update = jax.tree.map(lambda g: -g / lipschitz_L, grad)
+        if attack is not None:
+            update = attack_update(attack, jax.random.fold_in(key, ATTACK_TAG), update,
+                                   mal[cid], m)
+        direction = jax.tree.map(lambda u: -lipschitz_L * u, update)  # Delta_k
+        fq = jnp.power(f_k, q)
+        sq = sum(jnp.sum(jnp.square(d)) for d in jax.tree.leaves(direction))
+        # q F^{q-1} written as 0 when q = 0 (no 0 * inf at F = 0).
+        slope = jnp.where(q == 0, 0.0, q * jnp.power(f_k, q - 1.0))
+        h_k = slope * sq + lipschitz_L * fq
+        scaled = jax.tree.map(lambda d: fq * d, direction)
+        metrics = {"loss": loss, "round_start_loss": f_k}
+        return ClientResult((), (scaled, h_k), jnp.float32(1.0), metrics)
+
+    def build(num_clients):
+        check_malicious(malicious, num_clients)
+        m = resolve_cohort_size(cohort_size, cohort, num_clients)
+
+        def client_fn(w, client_state, cid, key, data):
+            return client_update(w, cid, key, data, m)
+
+        def server_fn(w, updates, weights, mask, metrics, key):
+            # Uploads arrive averaged over the cohort: mean/mean = sum/sum.
+            scaled, h = jax.tree.map(lambda a: a[0], updates)
+            step = jax.tree.map(lambda s: s / h, scaled)
+            new = jax.tree.map(jnp.subtract, w, step)
+            return new, {"server/update_norm": _norm(step), "server/h": h}
+
+        return federated_round(client_fn, server_fn, cohort_size=m, cohort=cohort,
+                               engine=engine,
+                               linear_weights=lambda weights, mask: mask)
+
+    def eval_models(state, data, key):
+        return {"global": ModelView(model, state.server, False)}
+
+    return Algorithm(init, _Deferred(build), eval_models)

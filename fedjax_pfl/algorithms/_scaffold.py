@@ -1,0 +1,166 @@
+"""SCAFFOLD: local SGD corrected by control variates.
+
+Reference: Sai Praneeth Karimireddy, Satyen Kale, Mehryar Mohri, Sashank J. Reddi,
+Sebastian U. Stich, Ananda Theertha Suresh, "SCAFFOLD: Stochastic Controlled
+Averaging for Federated Learning", ICML 2020 (Algorithm 1, option II).
+Decisions: docs/baselines-global.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from fedjax_pfl.aggregators import Aggregator, mean, weighted_mean
+from fedjax_pfl.attacks import attack_update
+from fedjax_pfl.core._clients import check_positive, tree_broadcast
+from fedjax_pfl.core._local import client_loss
+from fedjax_pfl.core._round import EngineConfig, federated_round
+from fedjax_pfl.core._types import Algorithm, AlgorithmState, ClientResult, ModelView
+from fedjax_pfl.models._model import Model
+
+from ._fedavg import (
+    ATTACK_TAG,
+    _Deferred,
+    check_cohort,
+    check_malicious,
+    make_local_config,
+    resolve_cohort_size,
+    run_local,
+)
+
+
+class ScaffoldServerState(NamedTuple):
+    """Attributes: ``params`` (x), ``control`` (the server control variate c),
+    ``agg_state`` (the aggregator's state)."""
+
+    params: object
+    control: object
+    agg_state: object
+
+
+def linear_penalty(direction) -> Callable[[object], jax.Array]:
+    """``p -> <direction, p>``: adds ``direction`` to every gradient."""
+
+    def penalty(p):
+        return sum(jnp.vdot(d, a) for d, a in
+                   zip(jax.tree.leaves(direction), jax.tree.leaves(p)))
+
+    return penalty
+
+
+def scaffold(
+    model: Model,
+    *,
+    client_lr: float | jax.Array = 0.1,
+    global_lr: float | jax.Array = 1.0,
+    num_local_steps: int = 10,
+    batch_size: int = 32,
+    cohort_size: int = 10,
+    cohort: str = "uniform",
+    sampling: str = "with_replacement",
+    aggregator: Aggregator | None = None,
+    weighted: bool = False,
+    attack=None,
+    malicious=None,
+    engine: EngineConfig | None = None,
+    unroll: int | bool | None = None,
+) -> Algorithm:
+    """SCAFFOLD (Algorithm 1, option II).
+
+    Client state: the control variate ``c_k`` (zeros at the start). Server
+    state: ``x`` and the server control variate ``c`` (zeros). Each selected
+    client k runs ``K = num_local_steps`` corrected SGD steps from ``y = x``:
+    ``y <- y - eta (g_k(y) - c_k + c)`` (``eta = client_lr``), then
+    ``c_k+ = c_k - c + (x - y) / (K eta)`` and uploads ``(dy, dc) =
+    (y - x, c_k+ - c_k)``. The server sets ``x <- x + eta_g agg(dy)`` and
+    ``c <- c + |S|/N mean(dc)`` (``eta_g = global_lr``, ``N`` clients).
+
+    ``agg`` is ``aggregator`` (default: the paper's unweighted mean); ``dc``
+    is always averaged with equal weights, so ``c`` stays the mean of all
+    ``c_k`` (an exact invariant under uniform sampling). Uploads are stacked
+    (no in-loop averaging), so the round holds ``cohort x 2 x params`` floats.
+    An ``attack`` replaces a malicious client's ``dy`` (its ``dc`` is honest).
+
+    Args:
+      model: the model.
+      client_lr, global_lr: local and server step sizes (may be traced).
+      num_local_steps, batch_size, sampling: local SGD (``K`` steps).
+      cohort_size, cohort: clients per round and how they are drawn.
+      aggregator, weighted: the rule applied to ``dy`` (default unweighted mean;
+        ``weighted=True``: weighted by training-set size).
+      attack, malicious: update attack and ``[num_clients]`` malicious mask.
+      engine, unroll: execution (see ``fedavg``).
+
+    Raises:
+      ValueError: non-positive ``global_lr``, or an invalid ``fedavg`` argument.
+    """
+    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll)
+    check_positive("global_lr", global_lr)
+    check_cohort(cohort_size, cohort)
+    if attack is not None and malicious is None:
+        raise ValueError("malicious: an attack needs the [num_clients] bool mask of "
+                         "malicious clients")
+    agg = aggregator or mean(weighted=weighted)
+    mal = None if malicious is None else jnp.asarray(malicious, bool)
+    engine = engine or EngineConfig()
+
+    def init(key, data):
+        check_malicious(malicious, data.num_clients)
+        params = model.init(key)
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        server = ScaffoldServerState(params, zeros, agg.init(params))
+        return AlgorithmState(server, tree_broadcast(zeros, data.num_clients),
+                              jnp.zeros((), jnp.int32))
+
+    def client_update(server, c_k, cid, key, data, m):
+        x, c = server.params, server.control
+        correction = jax.tree.map(jnp.subtract, c, c_k)  # the gradient shift
+        y, loss = run_local(model, x, data, cid, key, cfg,
+                            penalty=linear_penalty(correction))
+        dy = jax.tree.map(jnp.subtract, y, x)
+        scale = 1.0 / (cfg.num_steps * cfg.lr)
+        c_new = jax.tree.map(lambda ck, cc, d: (ck - cc) - scale * d, c_k, c, dy)
+        dc = jax.tree.map(jnp.subtract, c_new, c_k)
+        if attack is not None:
+            dy = attack_update(attack, jax.random.fold_in(key, ATTACK_TAG), dy,
+                               mal[cid], m)
+        metrics = {"loss": loss}
+        if agg.needs_losses:
+            metrics["round_start_loss"] = client_loss(model, x, data.train, cid)
+        n = data.train.counts[cid].astype(jnp.float32)
+        return ClientResult(c_new, (dy, dc), n, metrics)
+
+    def build(num_clients):
+        check_malicious(malicious, num_clients)
+        m = resolve_cohort_size(cohort_size, cohort, num_clients)
+        frac = m / num_clients
+
+        def client_fn(server, c_k, cid, key, data):
+            return client_update(server, c_k, cid, key, data, m)
+
+        def server_fn(server, updates, weights, mask, metrics, key):
+            dy, dc = updates
+            delta, agg_state = agg.aggregate(server.agg_state, dy, weights, mask, key,
+                                             losses=metrics.get("round_start_loss"))
+            params = jax.tree.map(lambda p, d: p + global_lr * d, server.params, delta)
+            control = jax.tree.map(lambda cc, d: cc + frac * d, server.control,
+                                   weighted_mean(dc, mask))
+            return ScaffoldServerState(params, control, agg_state), {
+                "server/update_norm": _norm(delta),
+                "server/control_norm": _norm(control)}
+
+        return federated_round(client_fn, server_fn, cohort_size=m, cohort=cohort,
+                               engine=engine)
+
+    def eval_models(state, data, key):
+        return {"global": ModelView(model, state.server.params, False)}
+
+    return Algorithm(init, _Deferred(build), eval_models)
+
+
+def _norm(tree) -> jax.Array:
+    return jnp.sqrt(sum(jnp.sum(jnp.square(a)) for a in jax.tree.leaves(tree)))

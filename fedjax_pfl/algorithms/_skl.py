@@ -1,0 +1,113 @@
+"""SKL finetuning: FedAvg, then finetuning with a symmetrized-KL penalty toward
+the global model's predictions.
+
+Reference: Li et al., "Ditto: Fair and Robust Federated Learning Through
+Personalization", ICML 2021, §4 and Table 2 ("symmetrized KL", code
+``flearn/trainers_MTL/kl.py``). Spec: specs/ditto.md §2.5; decisions:
+docs/baselines-personalization.md.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedjax_pfl.aggregators import Aggregator, mean
+from fedjax_pfl.core._clients import check_nonnegative
+from fedjax_pfl.core._round import EngineConfig
+from fedjax_pfl.core._types import Algorithm, ModelView
+from fedjax_pfl.data._federated import client_batch_indices, gather_batch
+from fedjax_pfl.models._model import Model
+
+from ._ewc import finetune_clients, finetune_local_config
+from ._fedavg import check_cohort, global_solver, make_local_config, stateless_algorithm
+
+KL_WEIGHTS = ("code", "paper")
+
+
+def symmetric_kl(logits_p, logits_q, mask):
+    """Masked mean over examples of ``KL(p||q) + KL(q||p)`` of the softmaxes."""
+    lp, lq = jax.nn.log_softmax(logits_p, -1), jax.nn.log_softmax(logits_q, -1)
+    per = jnp.sum((jnp.exp(lp) - jnp.exp(lq)) * (lp - lq), axis=-1)
+    return jnp.sum(per * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+def skl(
+    model: Model,
+    *,
+    lam: float | jax.Array = 1.0,
+    kl_weight: str = "code",
+    client_lr: float | jax.Array = 0.1,
+    num_local_steps: int = 10,
+    local_epochs: float | None = None,
+    batch_size: int = 32,
+    cohort_size: int = 10,
+    cohort: str = "size_weighted",
+    sampling: str = "with_replacement",
+    aggregator: Aggregator | None = None,
+    weighted: bool = False,
+    server_optimizer: optax.GradientTransformation | None = None,
+    attack=None,
+    malicious=None,
+    finetune_steps: int = 50,
+    finetune_epochs: float | None = None,
+    finetune_lr: float | jax.Array | None = None,
+    engine: EngineConfig | None = None,
+    unroll: int | bool | None = None,
+) -> Algorithm:
+    """FedAvg, then every client finetunes ``w*`` with a symmetrized KL penalty.
+
+    Training is exactly FedAvg's. At evaluation every client k runs SGD from
+    ``w*`` (the current global model) on ``F_k(w) + c lam (KL(f(w)||f(w*)) +
+    KL(f(w*)||f(w)))``, ``f`` the softmax of the model's outputs, the KL terms
+    averaged over the client's FULL training set with ``f(w*)`` computed once
+    (as in the Ditto code). ``c = 1`` with ``kl_weight='code'`` (the code's
+    update ``w - lr (grad f + lam grad[KL + KL])``), ``c = 1/2`` with ``'paper'``
+    (the paper's ``lam/2``). Evaluated: ``global`` and ``personal`` (finetuned).
+    ``lam = 0`` is plain finetuning (same minibatches as ``fedavg``'s
+    ``finetuned`` view). Classification models (logits) only.
+
+    Args:
+      model: the model (its outputs are logits).
+      lam: penalty strength ``>= 0`` (may be traced).
+      kl_weight: ``code`` (lam) or ``paper`` (lam / 2).
+      Other arguments: as in :func:`fedjax_pfl.algorithms.ewc`.
+
+    Raises:
+      ValueError: for invalid arguments (the message names the argument).
+    """
+    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll,
+                            local_epochs)
+    check_cohort(cohort_size, cohort)
+    check_nonnegative("lam", lam)
+    if kl_weight not in KL_WEIGHTS:
+        raise ValueError(f"kl_weight: must be one of {KL_WEIGHTS}, got {kl_weight!r}")
+    scale = 1.0 if kl_weight == "code" else 0.5
+    ft = finetune_local_config(cfg, finetune_steps, finetune_epochs, finetune_lr)
+    engine = engine or EngineConfig()
+    solver = global_solver(model, cfg, aggregator=aggregator or mean(weighted=weighted),
+                           server_optimizer=server_optimizer or optax.sgd(1.0),
+                           attack=attack, malicious=malicious)
+
+    def penalty_for(w_star, data):
+        def pen(cid, k, p0):
+            rows, mask = client_batch_indices(data.train, cid, k, num_steps=1,
+                                              batch_size=1, sampling="full_batch")
+            b = gather_batch(data.train, rows[0], mask[0])
+            ref = jax.lax.stop_gradient(model.apply(w_star, b.x))
+            return lambda p: scale * lam * symmetric_kl(model.apply(p, b.x), ref,
+                                                        b.mask)
+
+        return pen
+
+    def eval_models(state, data, key):
+        w = state.server.params
+        personal = finetune_clients(model, w, data, key, ft, engine,
+                                    penalty_for(w, data))
+        return {"global": ModelView(model, w, False),
+                "personal": ModelView(model, personal, True)}
+
+    return stateless_algorithm(solver, solver.client_update, eval_models,
+                               cohort_size=cohort_size, cohort=cohort, engine=engine,
+                               malicious=malicious)

@@ -1,0 +1,187 @@
+"""Experiment presets: named, validated configurations of the papers' runs.
+
+A :class:`Preset` is a paper experiment (a table's setting) with its
+hyperparameters as typed, validated keys; ``resolve`` turns ``--set key=value``
+strings into a checked config BEFORE any data is loaded, so a typo or an invalid
+value costs nothing and the error lists what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+
+@dataclasses.dataclass(frozen=True)
+class Key:
+    """One configuration key.
+
+    Attributes:
+      default: the paper's value (or the CPU-scaled one, said in ``help``); its
+        type is the key's type (``None`` defaults need ``type``).
+      help: one line.
+      choices: allowed values, if the key is categorical.
+      low, high: inclusive numeric bounds (``high_open`` makes ``high`` exclusive).
+      type: overrides the type taken from ``default``.
+      check: ``value -> error message or None`` for what the above cannot say.
+    """
+
+    default: Any
+    help: str = ""
+    choices: tuple | None = None
+    low: float | None = None
+    high: float | None = None
+    high_open: bool = False
+    type: type | None = None
+    check: Callable[[Any], str | None] | None = None
+
+    @property
+    def kind(self) -> type:
+        return self.type or type(self.default)
+
+
+class Experiment(NamedTuple):
+    """What a preset's builder returns: everything ``simulate`` needs.
+
+    Attributes:
+      algorithm: the :class:`fedjax_pfl.Algorithm`.
+      data: the federated data (attacked, where the config says so).
+      eval_mask: ``[num_clients]`` mask for the summaries (benign clients), or None.
+      privacy: a :class:`fedjax_pfl.privacy.Monitor` or None.
+      views: the evaluated models to compare in the plots, e.g.
+        ``("global", "personal")``.
+      info: extra facts for the run's config file (data sizes, epsilon plan...).
+      callback: an optional ``simulate(callback=...)`` adding keys to each
+        history row (e.g. LINDT's gain beta).
+    """
+
+    algorithm: Any
+    data: Any
+    eval_mask: Any = None
+    privacy: Any = None
+    views: tuple[str, ...] = ("global",)
+    info: Mapping[str, Any] = {}
+    callback: Callable | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    """A paper experiment.
+
+    Attributes:
+      name: the CLI name, e.g. ``ditto-fmnist``.
+      paper: the paper and table it reproduces.
+      summary: one line.
+      scaled: what is scaled down for CPU relative to the paper (empty if nothing).
+      keys: the configuration keys.
+      build: ``config -> Experiment`` (loads data, builds the algorithm).
+      needs: datasets it reads from ``$FEDJAX_PFL_DATA_DIR`` (empty: synthetic).
+    """
+
+    name: str
+    paper: str
+    summary: str
+    scaled: str
+    keys: Mapping[str, Key]
+    build: Callable[[dict], Experiment]
+    needs: tuple[str, ...] = ()
+
+    def defaults(self) -> dict[str, Any]:
+        return {k: v.default for k, v in self.keys.items()}
+
+
+# Keys every preset has (the driver's).
+def run_keys(rounds: int, eval_every: int, strategy: str = "auto") -> dict[str, Key]:
+    return {
+        "rounds": Key(rounds, "communication rounds", low=1),
+        "eval_every": Key(eval_every, "rounds between evaluations", low=1),
+        "checkpoint_every": Key(0, "rounds between checkpoints (0: every "
+                                "evaluation); a multiple of eval_every", low=0),
+        "seed": Key(0, "seeds the data partition, the attackers and the run", low=0),
+        "strategy": Key(strategy, "client-parallel strategy (auto: the backend's "
+                        "measured default; unroll: small cohorts of conv nets on "
+                        "CPU)", choices=("auto", "vmap", "map", "unroll")),
+    }
+
+
+def _parse(name: str, key: Key, text: str) -> Any:
+    kind = key.kind
+    try:
+        if kind is bool:
+            low = text.strip().lower()
+            if low not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError
+            return low in ("true", "1", "yes")
+        if kind is int:
+            return int(text)
+        if kind is float:
+            return float(text)
+        return str(text)
+    except ValueError:
+        raise ValueError(f"{name}: expected {_KIND_NAMES.get(kind, kind.__name__)}, "
+                         f"got {text!r}") from None
+
+
+_KIND_NAMES = {int: "an integer", float: "a number", bool: "true or false",
+               str: "a string"}
+
+
+def check_value(name: str, key: Key, value: Any) -> None:
+    """Raises ValueError naming ``name`` and what is allowed."""
+    if key.check is not None and (problem := key.check(value)):
+        raise ValueError(f"{name}: {problem}, got {value!r}")
+    if key.choices is not None and value not in key.choices:
+        raise ValueError(f"{name}: must be one of {list(key.choices)}, got {value!r}")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if math.isnan(value):
+            raise ValueError(f"{name}: must be a number, got nan")
+        if key.low is not None and value < key.low:
+            raise ValueError(f"{name}: must be >= {key.low}, got {value!r}")
+        if key.high is not None and (value >= key.high if key.high_open
+                                     else value > key.high):
+            op = "<" if key.high_open else "<="
+            raise ValueError(f"{name}: must be {op} {key.high}, got {value!r}")
+
+
+def resolve(preset: Preset, overrides: Mapping[str, Any] | None = None) -> dict:
+    """The preset's defaults with ``overrides`` applied and every value checked.
+
+    ``overrides`` values may be strings (from ``--set key=value``), parsed by the
+    key's type, or already typed. Raises ``ValueError`` for an unknown key (the
+    message lists the valid keys) or an invalid value (it names the key and the
+    allowed values or range)."""
+    cfg = preset.defaults()
+    for name, value in (overrides or {}).items():
+        if name not in preset.keys:
+            raise ValueError(f"{name}: not a key of preset {preset.name!r}; valid "
+                             f"keys: {', '.join(sorted(preset.keys))}")
+        key = preset.keys[name]
+        if isinstance(value, str) and key.kind is not str:
+            value = _parse(name, key, value)
+        elif key.kind is float and isinstance(value, int) and not isinstance(value,
+                                                                              bool):
+            value = float(value)
+        elif not isinstance(value, key.kind):
+            raise ValueError(f"{name}: expected {_KIND_NAMES.get(key.kind)}, got "
+                             f"{value!r}")
+        cfg[name] = value
+    for name, key in preset.keys.items():
+        check_value(name, key, cfg[name])
+    ce, ee = cfg.get("checkpoint_every", 0), cfg.get("eval_every", 1)
+    if ce and ce % ee:
+        raise ValueError(f"checkpoint_every: must be a multiple of eval_every "
+                         f"({ee}), got {ce}")
+    return cfg
+
+
+def parse_sets(items: list[str] | None) -> dict[str, str]:
+    """``['a=1', 'b=x']`` -> ``{'a': '1', 'b': 'x'}``; rejects malformed items."""
+    out = {}
+    for item in items or ():
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"--set: expected key=value, got {item!r}")
+        out[name.strip()] = value.strip()
+    return out
