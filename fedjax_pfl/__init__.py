@@ -7,6 +7,7 @@ from . import core as core
 from . import data as data
 from . import metrics as metrics
 from . import models as models
+from . import plots as plots
 from . import privacy as privacy
 from .core import Algorithm as Algorithm
 from .core import AlgorithmState as AlgorithmState
