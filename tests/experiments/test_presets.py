@@ -1,0 +1,170 @@
+"""Presets, their validation, the run directory and exact resume."""
+
+import csv
+import json
+import os
+
+import numpy as np
+import pytest
+
+from fedjax_pfl import experiments, privacy
+from fedjax_pfl.experiments import _presets, _run
+from fedjax_pfl.experiments._cli import main
+
+TINY = {"clients": "12", "max_size": "60", "rounds": "4", "eval_every": "2",
+        "local_steps": "2", "batch_size": "5", "cohort_size": "4"}
+
+
+def test_every_preset_resolves_with_its_defaults():
+    assert {"ditto-synthetic", "ditto-fmnist", "ditto-femnist", "ditto-vehicle",
+            "fedplus-table2", "fedfdp-table1", "fedfdp-table2"} <= set(
+                experiments.PRESETS)
+    for p in experiments.PRESETS.values():
+        cfg = experiments.resolve(p)
+        assert cfg == p.defaults() and p.paper and p.summary
+        for k in ("rounds", "eval_every", "seed", "checkpoint_every"):
+            assert k in cfg
+
+
+@pytest.mark.parametrize("sets, match", [
+    ({"bogus": "1"}, "bogus: not a key.*valid keys: alpha, attack"),
+    ({"ratio": "1.0"}, "ratio: must be < 1.0"),
+    ({"lam": "-1"}, "lam: must be >= 0.0"),
+    ({"method": "fedsgd"}, r"method: must be one of \['ditto', 'global'"),
+    ({"rounds": "ten"}, "rounds: expected an integer"),
+    ({"rounds": "0"}, "rounds: must be >= 1"),
+    ({"lr": "nan"}, "lr: must be a number"),
+    ({"checkpoint_every": "3"}, "checkpoint_every: must be a multiple of eval_every"),
+])
+def test_invalid_config_is_rejected_before_any_work(tmp_path, monkeypatch, sets, match):
+    preset = experiments.get_preset("ditto-synthetic")
+
+    def never(cfg):
+        raise AssertionError("the preset was built")
+
+    monkeypatch.setitem(_presets.PRESETS, "ditto-synthetic",
+                        experiments.Preset(**{**preset.__dict__, "build": never}))
+    with pytest.raises(ValueError, match=match):
+        experiments.run_preset("ditto-synthetic", sets, out=tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_cli_errors_and_listing(tmp_path, capsys):
+    with pytest.raises(SystemExit, match="preset: unknown 'nope'; valid presets"):
+        main(["run", "nope", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="--set: expected key=value"):
+        main(["run", "ditto-synthetic", "--set", "rounds", "--out", str(tmp_path)])
+    assert main(["list"]) == 0
+    text = capsys.readouterr().out
+    assert all(name in text for name in experiments.PRESETS)
+    assert main(["list", "fedfdp-table2"]) == 0
+    text = capsys.readouterr().out
+    assert "target_epsilon" in text and "{dp_fedavg, fedfdp}" in text
+
+
+def _rows(path):
+    with open(path) as fh:
+        rows = [json.loads(line) for line in fh]
+    for r in rows:
+        r.pop("seconds", None)
+    return rows
+
+
+def test_run_writes_the_run_directory(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["run", "ditto-synthetic", "--quiet", "--out", str(out),
+                 *[f"--set={k}={v}" for k, v in {**TINY, "attack": "A1",
+                                                 "ratio": "0.5"}.items()]]) == 0
+    assert "personal" in capsys.readouterr().out
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["preset"] == "ditto-synthetic" and cfg["config"]["rounds"] == 4
+    assert cfg["config"]["attack"] == "A1" and cfg["info"]["malicious"] == 6
+    hist = _rows(out / "history.jsonl")
+    assert [r["round"] for r in hist] == [0, 2, 4]
+    with open(out / "clients.csv") as fh:
+        table = list(csv.DictReader(fh))
+    assert len(table) == 12
+    assert sum(int(r["benign"]) for r in table) == 6
+    acc = np.array([float(r["personal/test/accuracy"]) for r in table])
+    n = np.array([int(r["train_examples"]) for r in table])
+    assert np.all((acc >= 0) & (acc <= 1)) and np.all(n > 0)
+    for png in ("curves.png", "clients.png"):
+        assert (out / "plots" / png).stat().st_size > 1000
+    # the same directory again without --resume would overwrite it: refused
+    with pytest.raises(SystemExit, match="already holds a run"):
+        main(["run", "ditto-synthetic", "--quiet", "--out", str(out)])
+
+
+def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path, monkeypatch):
+    sets = {**TINY, "rounds": "6", "checkpoint_every": "2"}
+    full = experiments.run_preset("ditto-synthetic", sets, out=tmp_path / "a",
+                                  progress=False)
+    real = _run.simulate
+
+    def crash_after_round_2(*args, callback=None, **kwargs):
+        def cb(state, row):
+            if callback is not None:
+                callback(state, row)
+            if row["round"] == 2:
+                raise KeyboardInterrupt
+        return real(*args, **kwargs, callback=cb)
+
+    monkeypatch.setattr(_run, "simulate", crash_after_round_2)
+    with pytest.raises(KeyboardInterrupt):
+        experiments.run_preset("ditto-synthetic", sets, out=tmp_path / "b",
+                               progress=False)
+    monkeypatch.setattr(_run, "simulate", real)
+    with pytest.raises(ValueError, match="resume: .* holds a run of ditto-synthetic"):
+        experiments.run_preset("ditto-synthetic", {**sets, "lam": "2"},
+                               out=tmp_path / "b", resume=True, progress=False)
+    resumed = experiments.run_preset("ditto-synthetic", sets, out=tmp_path / "b",
+                                     resume=True, progress=False)
+    assert _rows(tmp_path / "a" / "history.jsonl") == _rows(
+        tmp_path / "b" / "history.jsonl")
+    assert (tmp_path / "a" / "clients.csv").read_text() == (
+        tmp_path / "b" / "clients.csv").read_text()
+    assert full["final"]["round"] == resumed["final"]["round"] == 6
+
+
+def test_fedfdp_plan_gives_every_private_method_the_same_epsilon():
+    eps, plan = _presets.fedfdp_plan(60, 0.05, 2.0, 5.0)
+    assert plan["fedfdp"] == 60 and plan["dp_fedavg"] > 60  # no loss releases
+    ev = _presets.fedfdp_events(0.05, 2.0, 5.0)
+    for m, t in plan.items():
+        assert privacy.epsilon(ev[m](t), 1e-5) <= eps + 1e-9
+        assert privacy.epsilon(ev[m](t + 1), 1e-5) > eps
+
+
+def test_fedplus_synthetic_preset_runs(tmp_path):
+    res = experiments.run_preset(
+        "fedplus-table2", {"dataset": "synthetic", "rounds": "2", "eval_every": "1",
+                           "local_steps": "2"}, out=tmp_path, progress=False)
+    assert res["final"]["round"] == 2 and res["views"] == ("personal", "global")
+
+
+@pytest.mark.skipif(not os.environ.get("FEDJAX_PFL_DATA_DIR"),
+                    reason="FEDJAX_PFL_DATA_DIR is not set")
+def test_vehicle_preset_on_real_data(tmp_path):
+    res = experiments.run_preset(
+        "ditto-vehicle", {"rounds": "4", "eval_every": "2", "attack": "A1",
+                          "ratio": "0.5"}, out=tmp_path, progress=False)
+    row = res["final"]
+    assert row["round"] == 4 and 0.0 <= row["personal/test/accuracy/mean"] <= 1.0
+    with open(tmp_path / "clients.csv") as fh:
+        assert len(list(csv.DictReader(fh))) == 23
+
+
+def test_lindt_preset_reports_gain_and_delta(tmp_path):
+    res = experiments.run_preset(
+        "lindt-table3", {"data": "synthetic", "clients": "10", "cohort_size": "2",
+                         "rounds": "4", "eval_every": "2", "private_rounds": "1",
+                         "private_steps": "2", "hidden": "8", "r_prime": "1"},
+        out=tmp_path, progress=False)
+    rows = _rows(tmp_path / "history.jsonl")
+    assert [r["round"] for r in rows] == [0, 2, 4]
+    for r in rows:  # the gain callback's keys reach the file
+        assert -100.0 <= r["nfl/beta"] <= 100.0
+    assert rows[-1]["nfl/delta"] >= -1e6 and res["views"] == ("global", "personal")
+    assert (tmp_path / "plots" / "nfl.png").stat().st_size > 1000
+    with pytest.raises(ValueError, match="hidden: must be comma-separated"):
+        experiments.run_preset("lindt-table3", {"hidden": "16,x"}, out=tmp_path / "b")
