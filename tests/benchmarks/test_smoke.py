@@ -182,3 +182,21 @@ def test_ditto_table2_smoke(tmp_path):
     assert len(out.read_text().splitlines()) == 5
     table = mod.report(str(out))
     assert "| EWC |" in table and "0.810 (.11)" in table
+
+
+def test_fedfdp_tables_smoke(tmp_path):
+    import os
+
+    import pytest
+
+    if not os.environ.get("FEDJAX_PFL_DATA_DIR"):
+        pytest.skip("FEDJAX_PFL_DATA_DIR is not set")
+    out = tmp_path / "f.jsonl"
+    recs = _load("fedfdp_tables").main([
+        "--clients", "3", "--max-examples", "600", "--rounds", "2", "--eval-every", "2",
+        "--methods", "dp_fedavg", "fedfdp", "--out", str(out)])
+    by = {r["method"]: r for r in recs}
+    # the same epsilon budget: DP-FedAvg (no loss releases) gets more rounds
+    assert by["fedfdp"]["round"] == 2 and by["dp_fedavg"]["round"] >= 2
+    assert by["dp_fedavg"]["epsilon"] <= by["fedfdp"]["target_epsilon"] + 1e-9
+    assert "| mnist | fedfdp | 2 |" in _load("fedfdp_tables").report(str(out))
