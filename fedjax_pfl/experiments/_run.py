@@ -85,7 +85,7 @@ def write_csv(path: Path, cols: Mapping[str, np.ndarray]) -> None:
     os.replace(tmp, path)
 
 
-def make_plots(out: Path, history, cols, views) -> list[str]:
+def make_plots(out: Path, history, cols, views, name: str, mask=None) -> list[str]:
     """Training curves and the per-client accuracy distribution (PNG)."""
     try:
         from fedjax_pfl import plots
@@ -95,15 +95,24 @@ def make_plots(out: Path, history, cols, views) -> list[str]:
     keys = [f"{v}/test/accuracy/{s}" for v in views for s in ("mean", "worst10")
             if f"{v}/test/accuracy/{s}" in history[-1]]
     if keys:
-        plots.training_curves(history, keys=keys, path=out / "plots" / "curves.png")
+        who = "benign clients" if mask is not None else "all clients"
+        plots.training_curves(
+            history, keys=keys, ylabels="test accuracy",
+            labels={k: f"{k.split('/')[0]} {k.split('/')[-1]}" for k in keys},
+            title=f"{name}: test accuracy over {who} (mean, worst 10 %)",
+            path=out / "plots" / "curves.png")
         made.append("plots/curves.png")
     if "nfl/delta" in history[-1] or "nfl/beta" in history[-1]:
-        plots.nfl_curves(history, path=out / "plots" / "nfl.png")
+        plots.nfl_curves(history, title=f"{name}: Delta and gain beta",
+                         path=out / "plots" / "nfl.png")
         made.append("plots/nfl.png")
     acc = {v: cols[f"{v}/test/accuracy"] for v in views
            if f"{v}/test/accuracy" in cols}
     if acc:
-        plots.client_accuracy_distribution(acc, path=out / "plots" / "clients.png")
+        plots.client_accuracy_distribution(
+            acc, mask=mask, title=f"{name}: final test accuracy per client"
+            + (" (benign)" if mask is not None else ""),
+            path=out / "plots" / "clients.png")
         made.append("plots/clients.png")
     return made
 
@@ -153,7 +162,8 @@ def run_preset(name: str, overrides: Mapping[str, Any] | None = None, *,
         cols["benign"] = np.asarray(exp.eval_mask).astype(int)
     write_csv(out / "clients.csv", cols)
     files = ["config.json", "history.jsonl", "clients.csv", "checkpoints/"]
-    files += make_plots(out, res.history, cols, exp.views)
+    files += make_plots(out, res.history, cols, exp.views, name,
+                        None if exp.eval_mask is None else np.asarray(exp.eval_mask) > 0)
     return {"config": cfg, "history": res.history, "final": res.history[-1],
             "files": files, "views": exp.views}
 
