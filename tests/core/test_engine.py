@@ -39,10 +39,13 @@ def _one_round(alg, data, key=jax.random.key(0), jit=True):
 
 
 def test_round_equals_python_loop_over_clients(data):
-    """vmap == lax.map == a Python loop of one jitted client update per client."""
+    """vmap == lax.map == unrolled == a Python loop of one jitted client update
+    per client; local steps as a lax.scan (unroll=1) == as a Python loop."""
     key = jax.random.key(0)
     state, (new_vmap, _) = _one_round(_alg(EngineConfig("vmap")), data, key)
     _, (new_map, _) = _one_round(_alg(EngineConfig("map", 2)), data, key)
+    _, (new_map1, _) = _one_round(_alg(EngineConfig("map", 1), unroll=1), data, key)
+    _, (new_unr, _) = _one_round(_alg(EngineConfig("unroll"), unroll=True), data, key)
     w = state.server.params
     rkey = jax.random.fold_in(jax.random.fold_in(key, 0), CLIENT_TAG)
     train = jax.jit(lambda c, k: local_train(
@@ -58,6 +61,10 @@ def test_round_equals_python_loop_over_clients(data):
         lambda p, *d: p + sum(wi * di for wi, di in zip(weights, d)), w, *deltas)
     chex.assert_trees_all_close(new_vmap.server.params, expected, atol=1e-6)
     chex.assert_trees_all_close(new_map.server.params, expected, atol=1e-6)
+    chex.assert_trees_all_close(new_unr.server.params, expected, atol=1e-6)
+    # same client order and summation order as map with one client per step
+    chex.assert_trees_all_close(new_unr.server.params, new_map1.server.params,
+                                atol=1e-7)
 
 
 def test_jit_equals_no_jit(data):
