@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -38,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_pfl import algorithms, metrics
+from fedjax_pfl import algorithms, metrics, models
 from fedjax_pfl.core import EngineConfig
 from fedjax_pfl.experiments import _presets_lindt as _lindt
 
@@ -57,7 +56,6 @@ PAPER = {"fedavg": (55.63, 56.19, -17.83), "fedprox": (55.20, 55.92, -18.10),
          "lindt_tm": (56.23, 82.82, 8.80), "lindt_detect": (None, None, None)}
 COLORS = dict(zip(METHODS, ("tab:red", "tab:orange", "tab:brown", "tab:purple",
                              "tab:pink", "tab:blue", "tab:cyan", "tab:green")))
-PAPER_NOISE_NORM = _lindt.PAPER_NOISE_NORM
 
 
 def load(args):
@@ -148,10 +146,8 @@ def main(argv=None):
     t0 = time.perf_counter()
     fd, mal, dim = load(args)
     dual = algorithms.dual_mlp((dim,), 10, tuple(args.hidden))
-    d = sum(math.prod(a.shape) for a in jax.tree.leaves(
-        dual.model.init(jax.random.key(0))))
-    noise_std = PAPER_NOISE_NORM / math.sqrt(d) if args.noise_std is None else (
-        args.noise_std)
+    d = models.num_params(dual.model.init(jax.random.key(0)))
+    noise_std = _lindt.lindt_noise_std(dual, args.noise_std)
     private_acc = metrics.private_accuracy(
         dual.model, fd, jax.random.fold_in(key, 99), client_lr=args.lr,
         num_local_steps=args.private_steps, batch_size=10,

@@ -25,6 +25,7 @@ from ._fedavg import (
     check_cohort,
     check_malicious,
     make_local_config,
+    malicious_mask,
     resolve_cohort_size,
     run_local,
 )
@@ -110,10 +111,7 @@ def afl(
                          f"{jnp.shape(lambda_lr)}")
     cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll)
     check_cohort(cohort_size, cohort)
-    if attack is not None and malicious is None:
-        raise ValueError("malicious: an attack needs the [num_clients] bool mask of "
-                         "malicious clients")
-    mal = None if malicious is None else jnp.asarray(malicious, bool)
+    mal = malicious_mask(attack, malicious)
     engine = engine or EngineConfig()
 
     def init(key, data):

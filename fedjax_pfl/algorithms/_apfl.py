@@ -26,7 +26,6 @@ from ._fedavg import (
     _Deferred,
     check_cohort,
     check_malicious,
-    client_upload,
     global_solver,
     make_local_config,
     resolve_cohort_size,
@@ -116,7 +115,6 @@ def apfl(
     solver = global_solver(model, cfg, aggregator=aggregator,
                            server_optimizer=server_optimizer or optax.sgd(1.0),
                            attack=attack, malicious=malicious)
-    mal = None if malicious is None else jnp.asarray(malicious, bool)
 
     def init(key, data):
         check_malicious(malicious, data.num_clients)
@@ -157,9 +155,8 @@ def apfl(
         def client_fn(server, client_state, cid, key, data):
             w = server.params
             w_k, new_state, loss, ploss = local_steps(w, client_state, cid, key, data)
-            res = client_upload(model, aggregator, attack, mal, w, w_k, cid, key, data,
-                                m, {"loss": loss, "personal_loss": ploss,
-                                    "alpha": new_state.alpha})
+            res = solver.upload(w, w_k, cid, key, data, m, {
+                "loss": loss, "personal_loss": ploss, "alpha": new_state.alpha})
             return res._replace(client_state=new_state)
 
         return federated_round(client_fn, solver.server_fn, cohort_size=m,

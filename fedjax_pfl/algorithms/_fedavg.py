@@ -148,12 +148,25 @@ class GlobalSolver(NamedTuple):
         ``w_k - w^t`` (attacked if the client is malicious) and its weight.
       server_fn: the engine's ``server_fn`` (aggregate, server optimizer step).
       aggregator: the :class:`Aggregator` in use.
+      upload: ``(w, w_k, cid, key, data, cohort_size, metrics) -> ClientResult``,
+        :func:`client_upload` with this solver's model, aggregator and attack
+        (for methods whose clients train ``w_k`` their own way).
     """
 
     init: object
     client_update: object
     server_fn: object
     aggregator: Aggregator
+    upload: object
+
+
+def malicious_mask(attack, malicious) -> jax.Array | None:
+    """The ``[num_clients]`` malicious mask as a bool device array (``None``
+    without one); an attack without a mask is refused."""
+    if attack is not None and malicious is None:
+        raise ValueError("malicious: an attack needs the [num_clients] bool mask of "
+                         "malicious clients")
+    return None if malicious is None else jnp.asarray(malicious, bool)
 
 
 def client_upload(model, aggregator, attack, mal, w, w_k, cid, key, data,
@@ -178,10 +191,11 @@ def global_solver(model: Model, cfg: LocalConfig, *, aggregator: Aggregator,
     ``local_penalty``, when given, is ``w^t -> (params -> scalar)``: a term added
     to every local minibatch loss, anchored at the round-start model (FedProx's
     ``mu/2 ||w - w^t||^2``); ``None`` is FedAvg."""
-    if attack is not None and malicious is None:
-        raise ValueError("malicious: an attack needs the [num_clients] bool mask of "
-                         "malicious clients")
-    mal = None if malicious is None else jnp.asarray(malicious, bool)
+    mal = malicious_mask(attack, malicious)
+
+    def upload(w, w_k, cid, key, data, cohort_size, metrics):
+        return client_upload(model, aggregator, attack, mal, w, w_k, cid, key, data,
+                             cohort_size, metrics)
 
     def init(key):
         params = model.init(key)
@@ -192,8 +206,7 @@ def global_solver(model: Model, cfg: LocalConfig, *, aggregator: Aggregator,
         w = server.params
         penalty = None if local_penalty is None else local_penalty(w)
         w_k, loss = run_local(model, w, data, cid, key, cfg, penalty=penalty)
-        return client_upload(model, aggregator, attack, mal, w, w_k, cid, key, data,
-                             cohort_size, {"loss": loss})
+        return upload(w, w_k, cid, key, data, cohort_size, {"loss": loss})
 
     def server_fn(server, updates, weights, mask, metrics, key):
         delta, agg_state = aggregator.aggregate(
@@ -206,7 +219,7 @@ def global_solver(model: Model, cfg: LocalConfig, *, aggregator: Aggregator,
         norm = optax.tree.norm(delta)
         return ServerState(params, opt_state, agg_state), {"server/update_norm": norm}
 
-    return GlobalSolver(init, client_update, server_fn, aggregator)
+    return GlobalSolver(init, client_update, server_fn, aggregator, upload)
 
 
 def check_malicious(malicious, num_clients) -> None:

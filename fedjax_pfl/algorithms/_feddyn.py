@@ -25,6 +25,7 @@ from ._fedavg import (
     check_malicious,
     client_upload,
     make_local_config,
+    malicious_mask,
     resolve_cohort_size,
     run_local,
 )
@@ -92,11 +93,8 @@ def feddyn(
         raise ValueError(f"alpha: must be a scalar, got shape {jnp.shape(alpha)}")
     cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll)
     check_cohort(cohort_size, cohort)
-    if attack is not None and malicious is None:
-        raise ValueError("malicious: an attack needs the [num_clients] bool mask of "
-                         "malicious clients")
+    mal = malicious_mask(attack, malicious)
     agg = aggregator or mean(weighted=weighted)
-    mal = None if malicious is None else jnp.asarray(malicious, bool)
     engine = engine or EngineConfig()
 
     def init(key, data):

@@ -38,6 +38,7 @@ from ._fedavg import (
     check_malicious,
     default_unroll,
     make_local_config,
+    malicious_mask,
     resolve_cohort_size,
 )
 
@@ -230,9 +231,7 @@ def fedplus(
     cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll,
                             local_epochs)
     check_cohort(cohort_size, cohort)
-    if attack is not None and malicious is None:
-        raise ValueError("malicious: an attack needs the [num_clients] bool mask of "
-                         "malicious clients")
+    mal = malicious_mask(attack, malicious)
     engine = engine or EngineConfig()
     agg = aggregator or moreau(psi, delta, method=agg_method, num_iters=agg_iters,
                                tol=agg_tol, weighted=weighted)
@@ -240,7 +239,6 @@ def fedplus(
         raise ValueError("aggregator: rules that need the clients' losses "
                          "(needs_losses) only work with agg_set='sampled'")
     keep_sent = attack is not None and agg_set == "all"
-    mal = None if malicious is None else jnp.asarray(malicious, bool)
     e_k = None if local_steps_per_client is None else jnp.asarray(
         local_steps_per_client, jnp.int32)
 

@@ -27,6 +27,7 @@ from ._fedavg import (
     check_cohort,
     check_malicious,
     make_local_config,
+    malicious_mask,
     resolve_cohort_size,
     run_local,
 )
@@ -99,15 +100,12 @@ def l2sgd(
     if mean_update not in MEAN_MODES:
         raise ValueError(f"mean_update: must be one of {MEAN_MODES}, got "
                          f"{mean_update!r}")
-    if attack is not None and malicious is None:
-        raise ValueError("malicious: an attack needs the [num_clients] bool mask of "
-                         "malicious clients")
+    mal = malicious_mask(attack, malicious)
     engine = engine or EngineConfig()
     aggregator = aggregator or mean(weighted=False)
     if aggregator.needs_losses:
         raise ValueError("aggregator: L2SGD has no global model to compute the "
                          "round-start losses of a loss-based rule at")
-    mal = None if malicious is None else jnp.asarray(malicious, bool)
 
     def init(key, data):
         check_malicious(malicious, data.num_clients)

@@ -24,7 +24,6 @@ from fedjax_pfl.core._types import Algorithm, AlgorithmState, ModelView
 from fedjax_pfl.models._model import Model
 
 from ._apfl import mix
-from ._fedavg import client_upload
 from ._ewc import finetune_clients, finetune_local_config
 from ._fedavg import (
     _Deferred,
@@ -120,7 +119,6 @@ def mapper(
     solver = global_solver(model, cfg, aggregator=aggregator,
                            server_optimizer=server_optimizer or optax.sgd(1.0),
                            attack=attack, malicious=malicious)
-    mal = None if malicious is None else jnp.asarray(malicious, bool)
 
     def init(key, data):
         check_malicious(malicious, data.num_clients)
@@ -151,9 +149,8 @@ def mapper(
             h, lam, ploss = personal_update(state.local, w, cid, key, data)
             w_k, loss = run_local(reparam(model, lambda p: mix(lam, h, p)), w, data,
                                   cid, jax.random.fold_in(key, GLOBAL_TAG), gcfg)
-            res = client_upload(model, aggregator, attack, mal, w, w_k, cid, key,
-                                data, m, {"loss": loss, "personal_loss": ploss,
-                                          "lam": lam})
+            res = solver.upload(w, w_k, cid, key, data, m, {
+                "loss": loss, "personal_loss": ploss, "lam": lam})
             return res._replace(client_state=MapperClientState(h, lam))
 
         return federated_round(client_fn, solver.server_fn, cohort_size=m,

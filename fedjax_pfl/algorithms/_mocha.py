@@ -32,6 +32,7 @@ from ._fedavg import (
     check_cohort,
     check_malicious,
     make_local_config,
+    malicious_mask,
     resolve_cohort_size,
     run_local,
 )
@@ -140,11 +141,8 @@ def mocha(
     if not isinstance(omega_every, int) or omega_every < 1:
         raise ValueError(f"omega_every: must be a positive integer, got "
                          f"{omega_every!r}")
-    if attack is not None and malicious is None:
-        raise ValueError("malicious: an attack needs the [num_clients] bool mask of "
-                         "malicious clients")
+    mal = malicious_mask(attack, malicious)
     engine = engine or EngineConfig()
-    mal = None if malicious is None else jnp.asarray(malicious, bool)
 
     def init(key, data):
         check_malicious(malicious, data.num_clients)

@@ -21,7 +21,6 @@ from fedjax_pfl.core._types import Algorithm, AlgorithmState, ModelView
 from fedjax_pfl.data._federated import client_batch_indices, gather_batch
 from fedjax_pfl.models._model import Model, batch_loss
 
-from ._fedavg import client_upload
 from ._ewc import finetune_clients, finetune_local_config
 from ._fedavg import (
     _Deferred,
@@ -130,7 +129,6 @@ def per_fedavg(
     solver = global_solver(model, cfg, aggregator=aggregator,
                            server_optimizer=server_optimizer or optax.sgd(1.0),
                            attack=attack, malicious=malicious)
-    mal = None if malicious is None else jnp.asarray(malicious, bool)
 
     def local(w, cid, key, data):
         streams = [client_batch_indices(
@@ -159,8 +157,7 @@ def per_fedavg(
         def client_fn(server, client_state, cid, key, data):
             w = server.params
             w_k, loss = local(w, cid, key, data)
-            return client_upload(model, aggregator, attack, mal, w, w_k, cid, key,
-                                 data, m, {"loss": loss})
+            return solver.upload(w, w_k, cid, key, data, m, {"loss": loss})
 
         return federated_round(client_fn, solver.server_fn, cohort_size=m,
                                cohort=cohort, engine=engine,

@@ -26,6 +26,7 @@ from ._fedavg import (
     check_malicious,
     client_upload,
     make_local_config,
+    malicious_mask,
     resolve_cohort_size,
 )
 from ._scaffold import _norm
@@ -111,11 +112,8 @@ def pfedme(
             f"inner_steps: must be a positive integer, got {inner_steps!r}")
     cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll)
     check_cohort(cohort_size, cohort)
-    if attack is not None and malicious is None:
-        raise ValueError("malicious: an attack needs the [num_clients] bool mask of "
-                         "malicious clients")
+    mal = malicious_mask(attack, malicious)
     agg = aggregator or mean(weighted=weighted)
-    mal = None if malicious is None else jnp.asarray(malicious, bool)
     engine = engine or EngineConfig()
 
     def init(key, data):

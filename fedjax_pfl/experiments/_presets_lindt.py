@@ -8,7 +8,15 @@ import math
 import jax
 import numpy as np
 
-from fedjax_pfl import aggregators, algorithms, attacks, data, metrics, privacy
+from fedjax_pfl import (
+    aggregators,
+    algorithms,
+    attacks,
+    data,
+    metrics,
+    models,
+    privacy,
+)
 
 from ._config import Experiment, Key, Preset, run_keys
 from ._presets import _register, engine
@@ -54,9 +62,8 @@ def lindt_noise_std(dual, noise_std: float | None) -> float:
     """``noise_std``, or the std giving the paper's noise norm on this model."""
     if noise_std is not None:
         return noise_std
-    d = sum(math.prod(a.shape) for a in jax.tree.leaves(
+    return PAPER_NOISE_NORM / math.sqrt(models.num_params(
         dual.model.init(jax.random.key(0))))
-    return PAPER_NOISE_NORM / math.sqrt(d)
 
 
 def lindt_algorithm(method, dual, mal, *, lr, lr_decay, cohort_size, steps, clip,

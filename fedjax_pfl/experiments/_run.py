@@ -9,6 +9,7 @@ orbax checkpoints; ``resume=True`` continues a stopped run exactly).
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 import tempfile
@@ -37,7 +38,7 @@ def get_preset(name: str) -> Preset:
 
 def _write_atomic(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as fh:
+    with os.fdopen(fd, "w", newline="") as fh:
         fh.write(text)
     os.replace(tmp, path)
 
@@ -76,13 +77,11 @@ def per_client_table(algorithm, state, fed, key, views) -> dict[str, np.ndarray]
 
 def write_csv(path: Path, cols: Mapping[str, np.ndarray]) -> None:
     names = list(cols)
-    rows = zip(*(np.asarray(cols[n]).tolist() for n in names), strict=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(names)
-        w.writerows(rows)
-    os.replace(tmp, path)
+    buf = io.StringIO(newline="")
+    w = csv.writer(buf)
+    w.writerow(names)
+    w.writerows(zip(*(np.asarray(cols[n]).tolist() for n in names), strict=True))
+    _write_atomic(path, buf.getvalue())
 
 
 def make_plots(out: Path, history, cols, views, name: str, mask=None) -> list[str]:
