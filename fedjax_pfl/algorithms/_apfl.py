@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_pfl.aggregators import Aggregator
+from fedjax_pfl.core import make_local_config
 from fedjax_pfl.core._clients import check_nonnegative, is_concrete, tree_broadcast
 from fedjax_pfl.core._round import EngineConfig, federated_round
 from fedjax_pfl.core._types import Algorithm, AlgorithmState, ModelView
@@ -27,7 +28,6 @@ from ._fedavg import (
     check_cohort,
     check_malicious,
     global_solver,
-    make_local_config,
     resolve_cohort_size,
 )
 

@@ -16,6 +16,7 @@ import numpy as np
 import optax
 
 from fedjax_pfl.aggregators import Aggregator
+from fedjax_pfl.core import make_local_config, run_local
 from fedjax_pfl.core._clients import (
     check_nonnegative,
     is_concrete,
@@ -37,9 +38,7 @@ from ._fedavg import (
     finetune_views,
     global_solver,
     make_finetune_config,
-    make_local_config,
     resolve_cohort_size,
-    run_local,
 )
 
 PERSONAL_TAG = 12  # fold_in tag of the personal update's minibatch stream
@@ -88,6 +87,8 @@ def ditto(
     cohort_size: int = 10,
     cohort: str = "size_weighted",
     sampling: str = "with_replacement",
+    drop_last: bool = False,
+    local_optimizer=None,
     batches: str = "independent",
     lam_selection: str = "fixed",
     lam_grid: tuple[float, ...] | None = None,
@@ -138,6 +139,10 @@ def ditto(
         ``local_epochs``); the paper does not say which it means, the code uses
         iterations.
       batch_size, sampling: minibatches (see ``local_train``).
+      drop_last: PyTorch-style epochs (``floor(n_k / batch_size)`` whole batches
+        per pass; see :class:`fedjax_pfl.core.LocalConfig`).
+      local_optimizer: ``lr -> optax.GradientTransformation`` for both local
+        updates (default ``optax.sgd``).
       cohort_size, cohort: clients per round; default size-weighted sampling and an
         unweighted mean (``weighted=False``), as in the paper's Alg. 2 and code.
       batches: ``independent`` minibatch streams for the two updates (the paper
@@ -173,12 +178,14 @@ def ditto(
       engine, unroll: execution (see ``fedavg``).
     """
     cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll,
-                            local_epochs)
+                            local_epochs, drop_last=drop_last,
+                            optimizer=local_optimizer)
     pcfg = make_local_config(
         client_lr if personal_lr is None else personal_lr,
         num_local_steps if personal_steps is None else personal_steps,
         batch_size, sampling, unroll,
-        local_epochs if personal_epochs is None else personal_epochs)
+        local_epochs if personal_epochs is None else personal_epochs,
+        drop_last=drop_last, optimizer=local_optimizer)
     check_cohort(cohort_size, cohort)
     check_nonnegative("lam", lam)
     lam_ndim = np.ndim(lam) if is_concrete(lam) else jnp.ndim(lam)

@@ -13,13 +13,17 @@ instead: :func:`fedjax_pfl.privacy.client_level_dp`.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import optax
 
 from fedjax_pfl.aggregators import Aggregator
 from fedjax_pfl.attacks import attack_update
-from fedjax_pfl.core._local import client_loss
+from fedjax_pfl.core import client_steps, default_unroll, make_local_config
+from fedjax_pfl.core._clients import is_concrete
+from fedjax_pfl.core._local import client_loss, passes_needed
 from fedjax_pfl.core._round import EngineConfig
 from fedjax_pfl.core._types import Algorithm, ClientResult, ModelView
 from fedjax_pfl.models._model import Model
@@ -29,9 +33,24 @@ from ._fedavg import (
     ATTACK_TAG,
     check_cohort,
     global_solver,
-    make_local_config,
     stateless_algorithm,
 )
+
+
+def dp_steps(cfg, dp: DPConfig, sampling: str, split, cid):
+    """``(static step bound, this client's steps or None)`` of local DP-SGD.
+
+    With ``cfg.epochs`` and Poisson sampling an epoch is ``1 / q`` expected
+    batches, the same for every client: ``ceil(epochs / q)`` steps (so the
+    accountant's steps per round are that number); other sampling modes count
+    each client's own epochs as :func:`fedjax_pfl.core.client_steps` does."""
+    if cfg.epochs is not None and sampling == "poisson":
+        if not is_concrete(dp.sampling_rate):
+            raise ValueError("local_epochs: with Poisson sampling the step count "
+                             "ceil(epochs / sampling_rate) must be static; give a "
+                             "concrete sampling_rate or num_local_steps")
+        return max(1, math.ceil(cfg.epochs / float(dp.sampling_rate))), None
+    return client_steps(cfg, split, cid)
 
 
 def dp_client_update(model: Model, cfg, dp: DPConfig, sampling: str, solver,
@@ -42,9 +61,14 @@ def dp_client_update(model: Model, cfg, dp: DPConfig, sampling: str, solver,
 
     def client_update(server, cid, key, data, cohort_size):
         w = server.params
+        steps, active = dp_steps(cfg, dp, sampling, data.train, cid)
         w_k, loss, dpm = dp_local_train(
-            model, w, data.train, cid, key, lr=cfg.lr, num_steps=cfg.num_steps,
-            batch_size=cfg.batch_size, sampling=sampling, dp=dp, unroll=cfg.unroll)
+            model, w, data.train, cid, key, lr=cfg.lr, num_steps=steps,
+            batch_size=cfg.batch_size, sampling=sampling, dp=dp,
+            unroll=default_unroll(steps) if cfg.unroll is None else cfg.unroll,
+            active_steps=active, drop_last=cfg.drop_last,
+            num_passes=(passes_needed(cfg, data.train, steps) if sampling == "epoch"
+                        else None))
         delta = jax.tree.map(jnp.subtract, w_k, w)
         if attack is not None:
             delta = attack_update(attack, jax.random.fold_in(key, ATTACK_TAG), delta,
@@ -66,6 +90,7 @@ def dp_fedavg(
     sampling_rate: float | jax.Array | None = None,
     client_lr: float | jax.Array = 0.1,
     num_local_steps: int = 1,
+    local_epochs: float | None = None,
     batch_size: int = 32,
     sampling: str = "poisson",
     max_batch_size: int | None = None,
@@ -103,6 +128,9 @@ def dp_fedavg(
       noise_multiplier: sigma (traceable).
       sampling_rate: q, required with ``sampling='poisson'``.
       client_lr, num_local_steps: local DP-SGD step size and steps per round.
+      local_epochs: count local work in epochs instead: ``ceil(local_epochs /
+        sampling_rate)`` steps with Poisson sampling (account that many steps
+        per round), each client's own epoch count otherwise.
       batch_size: batch size of the non-Poisson modes.
       sampling: ``'poisson'`` or a mode of ``data.client_batch_indices``.
       max_batch_size: static cap of a Poisson batch (default: 6 sigma above
@@ -122,7 +150,7 @@ def dp_fedavg(
                         max_batch_size, normalize, clip_method, chunk_size)
     cfg = make_local_config(client_lr, num_local_steps, batch_size,
                             "with_replacement" if sampling == "poisson" else sampling,
-                            unroll)
+                            unroll, local_epochs)
     check_cohort(cohort_size, cohort)
     engine = engine or EngineConfig()
     solver = global_solver(model, cfg, aggregator=aggregator, weighted=weighted,

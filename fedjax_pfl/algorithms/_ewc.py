@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_pfl.aggregators import Aggregator
+from fedjax_pfl.core import LocalConfig, make_local_config, run_local
 from fedjax_pfl.core._clients import (
     check_nonnegative,
     check_positive,
@@ -31,12 +32,9 @@ from fedjax_pfl.data._federated import client_batch_indices, gather_batch
 from fedjax_pfl.models._model import Model, batch_loss
 
 from ._fedavg import (
-    LocalConfig,
     check_cohort,
     global_solver,
     make_finetune_config,
-    make_local_config,
-    run_local,
     stateless_algorithm,
 )
 

@@ -9,7 +9,6 @@ References:
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import jax
@@ -19,6 +18,11 @@ import optax
 
 from fedjax_pfl.aggregators import Aggregator, mean
 from fedjax_pfl.attacks import attack_update
+from fedjax_pfl.core import (
+    LocalConfig,
+    make_local_config,
+    run_local,
+)
 from fedjax_pfl.core._clients import (
     COHORT_MODES,
     check_nonnegative,
@@ -28,59 +32,16 @@ from fedjax_pfl.core._clients import (
     lift,
     tree_broadcast,
 )
-from fedjax_pfl.core._local import client_loss, local_train, prox_penalty
+from fedjax_pfl.core._local import client_loss, prox_penalty
 from fedjax_pfl.core._round import EngineConfig, federated_round
 from fedjax_pfl.core._types import Algorithm, AlgorithmState, ClientResult, ModelView
-from fedjax_pfl.data._federated import SAMPLING_MODES
 from fedjax_pfl.models._model import Model
-
-
-class LocalConfig(NamedTuple):
-    """Local training settings shared by every algorithm."""
-
-    lr: float | jax.Array
-    num_steps: int
-    batch_size: int
-    sampling: str
-    unroll: int | bool | None
-    epochs: float | None = None
 
 
 class ServerState(NamedTuple):
     params: object
     opt_state: object
     agg_state: object
-
-
-def make_local_config(
-    client_lr, num_local_steps, batch_size, sampling, unroll, epochs=None
-) -> LocalConfig:
-    """Validates and bundles the local-training arguments.
-
-    ``epochs`` (``local_epochs``), when given, replaces the step count: client k
-    takes ``ceil(epochs * n_k / batch_size)`` steps (static bound from the largest
-    client; the extra steps of smaller clients are no-ops)."""
-    check_positive("client_lr", client_lr)
-    if epochs is not None:
-        check_positive("local_epochs", epochs)
-    if not isinstance(num_local_steps, int) or num_local_steps < 1:
-        raise ValueError(
-            f"num_local_steps: must be a positive integer, got {num_local_steps!r}"
-        )
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size: must be a positive integer, got {batch_size!r}")
-    if sampling not in SAMPLING_MODES:
-        raise ValueError(f"sampling: must be one of {SAMPLING_MODES}, got {sampling!r}")
-    if unroll is None and epochs is None:
-        unroll = default_unroll(num_local_steps)
-    return LocalConfig(client_lr, num_local_steps, batch_size, sampling, unroll,
-                       epochs)
-
-
-def default_unroll(num_steps: int) -> bool:
-    # XLA:CPU runs matmuls/convs much faster outside while loops (measured in
-    # benchmarks/throughput.py); full unrolling costs compile time, so cap it.
-    return jax.default_backend() == "cpu" and num_steps <= 32
 
 
 def check_cohort(cohort_size, cohort) -> None:
@@ -100,25 +61,6 @@ def resolve_cohort_size(cohort_size, cohort, num_clients) -> int:
             f"({num_clients})"
         )
     return cohort_size
-
-
-def run_local(model, params, data, cid, key, cfg: LocalConfig, penalty=None,
-              active_steps=None):
-    """Local SGD on one client's training split with ``cfg`` (only the first
-    ``active_steps`` of ``cfg.num_steps`` steps count, when given)."""
-    steps, active, unroll = cfg.num_steps, active_steps, cfg.unroll
-    if cfg.epochs is not None:
-        split = data.train
-        steps = max(1, math.ceil(cfg.epochs * split.max_count / cfg.batch_size))
-        active = jnp.maximum(1, jnp.ceil(
-            cfg.epochs * split.counts[cid] / cfg.batch_size)).astype(jnp.int32)
-        unroll = default_unroll(steps) if unroll is None else unroll
-    return local_train(
-        model, params, data.train, cid, key,
-        optimizer=optax.sgd(cfg.lr), num_steps=steps,
-        batch_size=cfg.batch_size, sampling=cfg.sampling, penalty=penalty,
-        unroll=unroll, active_steps=active,
-    )
 
 
 class _Deferred:
@@ -243,6 +185,8 @@ def fedavg(
     cohort_size: int = 10,
     cohort: str = "uniform",
     sampling: str = "with_replacement",
+    drop_last: bool = False,
+    local_optimizer=None,
     server_optimizer: optax.GradientTransformation | None = None,
     aggregator: Aggregator | None = None,
     weighted: bool = True,
@@ -273,7 +217,12 @@ def fedavg(
       client_lr: local SGD step size (may be a traced array, e.g. in ``sweep``).
       num_local_steps, batch_size, sampling: local training (see ``local_train``).
       local_epochs: count local training in epochs instead of steps (client k
-        takes ``ceil(local_epochs * n_k / batch_size)`` steps).
+        takes ``ceil(local_epochs * n_k / batch_size)`` steps, its own count:
+        no client pays for the largest one's steps).
+      drop_last: PyTorch-style epochs (``floor(n_k / batch_size)`` whole batches
+        per pass, see :class:`fedjax_pfl.core.LocalConfig`).
+      local_optimizer: ``lr -> optax.GradientTransformation`` for the local
+        steps (default ``optax.sgd``; e.g. ``optax.adam``).
       cohort_size, cohort: clients per round and how they are drawn.
       server_optimizer: optax transformation applied to ``-delta``.
       aggregator: overrides ``weighted`` with any :class:`Aggregator`.
@@ -285,7 +234,8 @@ def fedavg(
       unroll: unroll local steps (default: on CPU).
     """
     cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll,
-                            local_epochs)
+                            local_epochs, drop_last=drop_last,
+                            optimizer=local_optimizer)
     check_cohort(cohort_size, cohort)
     ft_cfg = make_finetune_config(cfg, finetune_steps, finetune_lr, finetune_lam)
     engine = engine or EngineConfig()
@@ -378,11 +328,10 @@ def finetune_all(model, params, data, key, cfg: LocalConfig, engine: EngineConfi
     keys = client_keys(key, data.key_ids)
     penalty = None if is_concrete(lam) and np.all(np.asarray(lam) == 0) else (
         prox_penalty(lam, params))
-    active = None if active_steps is None else jnp.int32(active_steps)
 
     def one(cid, k):
         return run_local(model, params, data, cid, k, cfg, penalty=penalty,
-                         active_steps=active)[0]
+                         active_steps=active_steps)[0]
 
     return lift(one, engine.strategy, engine.map_batch_size)(ids, keys)
 

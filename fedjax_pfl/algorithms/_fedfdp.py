@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_pfl.core import default_unroll
 from fedjax_pfl.core._clients import check_nonnegative, check_positive, is_concrete
 from fedjax_pfl.core._round import EngineConfig, federated_round
 from fedjax_pfl.core._types import Algorithm, AlgorithmState, ClientResult, ModelView
@@ -31,7 +32,7 @@ from fedjax_pfl.models._model import Model
 from fedjax_pfl.privacy._local import dp_batches, dp_local_train, make_dp_config
 from fedjax_pfl.privacy._noise import release_loss
 
-from ._fedavg import _Deferred, check_cohort, default_unroll, resolve_cohort_size
+from ._fedavg import _Deferred, check_cohort, resolve_cohort_size
 
 WEIGHTINGS = ("per_sample", "batch")
 LOSS_TAG = 14  # fold_in tag of the loss-release batch and noise

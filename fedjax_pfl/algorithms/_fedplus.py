@@ -9,7 +9,6 @@ contradicts itself: docs/fedplus.md.
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import jax
@@ -19,25 +18,23 @@ import optax
 
 from fedjax_pfl.aggregators import Aggregator, moreau, prox
 from fedjax_pfl.attacks import attack_update
+from fedjax_pfl.core import make_local_config, run_local
 from fedjax_pfl.core._clients import (
     check_nonnegative,
     check_positive,
     is_concrete,
     tree_broadcast,
 )
-from fedjax_pfl.core._local import client_loss, local_train
+from fedjax_pfl.core._local import client_loss
 from fedjax_pfl.core._round import SERVER_TAG, EngineConfig, federated_round
 from fedjax_pfl.core._types import Algorithm, AlgorithmState, ClientResult, ModelView
 from fedjax_pfl.models._model import Model
 
 from ._fedavg import (
     ATTACK_TAG,
-    LocalConfig,
     _Deferred,
     check_cohort,
     check_malicious,
-    default_unroll,
-    make_local_config,
     malicious_mask,
     resolve_cohort_size,
 )
@@ -89,20 +86,6 @@ def fedplus_sgd(lr, sigma, anchor) -> optax.GradientTransformation:
     return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
-def _local_solve(model, params, data, cid, key, cfg: LocalConfig, optimizer,
-                 active_steps):
-    """``local_train`` with ``optimizer`` (``run_local``'s step/epoch logic)."""
-    steps, active, unroll = cfg.num_steps, active_steps, cfg.unroll
-    if cfg.epochs is not None:
-        steps = max(1, math.ceil(cfg.epochs * data.train.max_count / cfg.batch_size))
-        active = jnp.maximum(1, jnp.ceil(
-            cfg.epochs * data.train.counts[cid] / cfg.batch_size)).astype(jnp.int32)
-        unroll = default_unroll(steps) if unroll is None else unroll
-    return local_train(model, params, data.train, cid, key, optimizer=optimizer,
-                       num_steps=steps, batch_size=cfg.batch_size,
-                       sampling=cfg.sampling, unroll=unroll, active_steps=active)
-
-
 def _check_steps_per_client(steps, num_local_steps, num_clients=None):
     arr = np.asarray(steps)
     if arr.ndim != 1 or arr.dtype.kind not in "iu" or np.any(arr < 1) or np.any(
@@ -130,6 +113,7 @@ def fedplus(
     cohort_size: int = 10,
     cohort: str = "uniform",
     sampling: str = "with_replacement",
+    drop_last: bool = False,
     agg_set: str = "all",
     agg_method: str = "irls",
     agg_iters: int | None = None,
@@ -181,6 +165,7 @@ def fedplus(
       init_mix: the paper's ``lambda`` in ``[0, 1]`` (may be traced): 0 continues
         from ``w_k`` (Fed+), 1 restarts from ``w~^t`` (FedAvg/FedProx).
       batch_size, sampling: minibatches (see ``local_train``).
+      drop_last: PyTorch-style epochs (see :class:`fedjax_pfl.core.LocalConfig`).
       cohort_size, cohort: parties per round (``K``) and how they are drawn.
       agg_set: ``'all'`` or ``'sampled'`` (see above).
       agg_method, agg_iters, agg_tol, weighted: the Moreau aggregator's
@@ -229,7 +214,7 @@ def fedplus(
         _check_steps_per_client(local_steps_per_client, num_local_steps)
     num_local_steps = 20 if num_local_steps is None else num_local_steps
     cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll,
-                            local_epochs)
+                            local_epochs, drop_last=drop_last)
     check_cohort(cohort_size, cohort)
     mal = malicious_mask(attack, malicious)
     engine = engine or EngineConfig()
@@ -264,8 +249,8 @@ def fedplus(
         z = jax.tree.map(jnp.add, w_t, theta)
         w0 = jax.tree.map(lambda a, b: (1.0 - init_mix) * a + init_mix * b, w_k, w_t)
         active = None if e_k is None else e_k[cid]
-        w_new, loss = _local_solve(model, w0, data, cid, key, cfg,
-                                   fedplus_sgd(cfg.lr, sigma, z), active)
+        w_new, loss = run_local(model, w0, data, cid, key, cfg, active_steps=active,
+                                optimizer=fedplus_sgd(cfg.lr, sigma, z))
         upload = jax.tree.map(jnp.subtract, w_new, w_t)
         if attack is not None:
             upload = attack_update(attack, jax.random.fold_in(key, ATTACK_TAG), upload,

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_pfl.aggregators import Aggregator
+from fedjax_pfl.core import make_local_config
 from fedjax_pfl.core._clients import check_nonnegative
 from fedjax_pfl.core._local import prox_penalty
 from fedjax_pfl.core._round import EngineConfig
@@ -23,7 +24,6 @@ from ._fedavg import (
     finetune_views,
     global_solver,
     make_finetune_config,
-    make_local_config,
     stateless_algorithm,
 )
 

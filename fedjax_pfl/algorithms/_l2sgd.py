@@ -15,6 +15,7 @@ import jax.numpy as jnp
 
 from fedjax_pfl.aggregators import Aggregator, mean
 from fedjax_pfl.attacks import attack_update
+from fedjax_pfl.core import make_local_config, run_local
 from fedjax_pfl.core._clients import check_nonnegative, tree_broadcast
 from fedjax_pfl.core._local import prox_penalty
 from fedjax_pfl.core._round import EngineConfig, federated_round
@@ -26,10 +27,8 @@ from ._fedavg import (
     _Deferred,
     check_cohort,
     check_malicious,
-    make_local_config,
     malicious_mask,
     resolve_cohort_size,
-    run_local,
 )
 
 MEAN_MODES = ("exact", "code")

@@ -9,7 +9,6 @@ the paper leaves open: docs/lindt.md.
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import jax
@@ -18,6 +17,13 @@ import numpy as np
 import optax
 
 from fedjax_pfl.aggregators import Aggregator, mean
+from fedjax_pfl.core import (
+    client_steps,
+    default_unroll,
+    make_local_config,
+    run_local,
+    run_steps,
+)
 from fedjax_pfl.core._clients import (
     check_nonnegative,
     check_positive,
@@ -26,7 +32,6 @@ from fedjax_pfl.core._clients import (
     lift,
     tree_broadcast,
 )
-from fedjax_pfl.core._local import local_train
 from fedjax_pfl.core._round import EngineConfig, federated_round
 from fedjax_pfl.core._types import Algorithm, AlgorithmState, ClientResult, ModelView
 from fedjax_pfl.data._federated import client_batch_indices, gather_batch
@@ -47,8 +52,6 @@ from ._fedavg import (
     _Deferred,
     check_cohort,
     check_malicious,
-    default_unroll,
-    make_local_config,
     resolve_cohort_size,
 )
 from ._lindt_model import SCORE_VARIANTS, DualModel, dual_apply, local_head_model
@@ -213,15 +216,11 @@ def lindt(
                               jnp.zeros((), jnp.int32))
 
     def steps_of(data, cid):
-        """(static step bound, this client's active steps, unroll)."""
-        if cfg.epochs is None:
-            base, active = cfg.num_steps, jnp.int32(cfg.num_steps)
-        else:
-            base = max(1, math.ceil(cfg.epochs * data.train.max_count / cfg.batch_size))
-            active = jnp.maximum(1, jnp.ceil(cfg.epochs * data.train.counts[cid]
-                                             / cfg.batch_size)).astype(jnp.int32)
+        """(static step bound, this client's step count or None, unroll)."""
+        base, active = client_steps(cfg, data.train, cid)
         if mal is not None and malicious_multiplier > 1:
-            active = active * jnp.where(mal[cid], malicious_multiplier, 1)
+            active = (jnp.int32(base) if active is None else active) * jnp.where(
+                mal[cid], malicious_multiplier, 1)
             base = base * malicious_multiplier
         un = cfg.unroll if cfg.unroll is not None else default_unroll(base)
         return base, active, un
@@ -244,7 +243,8 @@ def lindt(
         num_steps, active, un = steps_of(data, cid)
         rows, masks = client_batch_indices(data.train, cid, key, num_steps=num_steps,
                                            batch_size=cfg.batch_size,
-                                           sampling=cfg.sampling)
+                                           sampling=cfg.sampling,
+                                           drop_last=cfg.drop_last)
         v0 = cstate.local
         if use_dual and v_init == "copy_global":
             v0 = jax.tree.map(lambda a, b: jnp.where(cstate.has_local, a, b), v0, w)
@@ -271,30 +271,19 @@ def lindt(
 
         def step(carry, inputs):
             p, v = carry
-            i, r, m = inputs
-            b = gather_batch(data.train, r, m)
-
-            def train(p, v, b):
-                if use_dual:
-                    return jax.lax.cond(server.dual_on, joint, plain, p, v, b)
-                return plain(p, v, b)
-
-            def skip(p, v, b):  # steps past this client's count (cond: no compute)
-                z = jnp.zeros((), jnp.float32)
-                return p, v, z, z, jnp.zeros((num_taps,))
-
-            out = jax.lax.cond(i < active, train, skip, p, v, b)
+            b = gather_batch(data.train, *inputs)
+            if use_dual:
+                out = jax.lax.cond(server.dual_on, joint, plain, p, v, b)
+            else:
+                out = plain(p, v, b)
             return out[:2], out[2:]
 
-        steps = jnp.arange(num_steps)
-        (w_k, v), (losses, llosses, scores) = jax.lax.scan(
-            step, (w, v0), (steps, rows, masks), unroll=un)
-        on = (steps < active).astype(jnp.float32)
-        cnt = jnp.sum(on)
-        metrics = {"loss": jnp.sum(losses * on) / cnt,
-                   "local_loss": jnp.sum(llosses * on) / cnt}
+        (w_k, v), (loss_sum, lloss_sum, score_sum), cnt = run_steps(
+            step, (w, v0), (rows, masks), unroll=un, active_steps=active)
+        cnt = jnp.maximum(jnp.asarray(cnt, jnp.float32), 1.0)
+        metrics = {"loss": loss_sum / cnt, "local_loss": lloss_sum / cnt}
         for t, name in enumerate(dual.names):
-            metrics[f"score_{name}"] = jnp.sum(scores[:, t] * on) / cnt
+            metrics[f"score_{name}"] = score_sum[t] / cnt
         delta = jax.tree.map(jnp.subtract, w_k, w)
         if use_dual:
             dual_on = server.dual_on
@@ -387,10 +376,9 @@ def finetune_top(dual: DualModel, params, data, key, *, steps: int, lr,
                                  "freeze": optax.set_to_zero()}, labels)
     ids = jnp.arange(data.num_clients, dtype=jnp.int32)
     keys = client_keys(key, data.key_ids)
+    cfg = make_local_config(lr, steps, batch_size, sampling, None)
 
     def one(cid, k):
-        return local_train(dual.model, params, data.train, cid, k, optimizer=opt,
-                           num_steps=steps, batch_size=batch_size, sampling=sampling,
-                           unroll=default_unroll(steps))[0]
+        return run_local(dual.model, params, data, cid, k, cfg, optimizer=opt)[0]
 
     return lift(one, engine.strategy, engine.map_batch_size)(ids, keys)

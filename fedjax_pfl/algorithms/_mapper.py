@@ -17,6 +17,7 @@ import numpy as np
 import optax
 
 from fedjax_pfl.aggregators import Aggregator
+from fedjax_pfl.core import make_local_config, run_local
 from fedjax_pfl.core._clients import lift, tree_broadcast
 from fedjax_pfl.core._local import client_loss
 from fedjax_pfl.core._round import EngineConfig, federated_round
@@ -30,9 +31,7 @@ from ._fedavg import (
     check_cohort,
     check_malicious,
     global_solver,
-    make_local_config,
     resolve_cohort_size,
-    run_local,
 )
 
 GLOBAL_TAG = 14  # fold_in tag of the global step's minibatch

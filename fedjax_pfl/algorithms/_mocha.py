@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_pfl.attacks import attack_update
+from fedjax_pfl.core import make_local_config, run_local
 from fedjax_pfl.core._clients import check_nonnegative, check_positive, tree_broadcast
 from fedjax_pfl.core._round import EngineConfig, federated_round
 from fedjax_pfl.core._types import Algorithm, AlgorithmState, ClientResult, ModelView
@@ -32,10 +33,8 @@ from ._fedavg import (
     _Deferred,
     check_cohort,
     check_malicious,
-    make_local_config,
     malicious_mask,
     resolve_cohort_size,
-    run_local,
 )
 
 REGULARIZERS = ("inverse", "direct")

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_pfl.aggregators import Aggregator, mean
+from fedjax_pfl.core import make_local_config
 from fedjax_pfl.core._clients import check_positive, tree_broadcast
 from fedjax_pfl.core._local import prox_penalty
 from fedjax_pfl.core._round import EngineConfig, federated_round
@@ -25,7 +26,6 @@ from ._fedavg import (
     check_cohort,
     check_malicious,
     client_upload,
-    make_local_config,
     malicious_mask,
     resolve_cohort_size,
 )

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_pfl.attacks import attack_update
+from fedjax_pfl.core import make_local_config, run_local
 from fedjax_pfl.core._clients import check_nonnegative, check_positive
 from fedjax_pfl.core._local import client_loss
 from fedjax_pfl.core._round import EngineConfig, federated_round
@@ -22,10 +23,8 @@ from ._fedavg import (
     _Deferred,
     check_cohort,
     check_malicious,
-    make_local_config,
     malicious_mask,
     resolve_cohort_size,
-    run_local,
 )
 from ._scaffold import _norm
 

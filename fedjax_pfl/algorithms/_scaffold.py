@@ -17,6 +17,7 @@ import optax
 
 from fedjax_pfl.aggregators import Aggregator, mean, weighted_mean
 from fedjax_pfl.attacks import attack_update
+from fedjax_pfl.core import make_local_config, run_local
 from fedjax_pfl.core._clients import check_positive, tree_broadcast
 from fedjax_pfl.core._local import client_loss
 from fedjax_pfl.core._round import EngineConfig, federated_round
@@ -28,10 +29,8 @@ from ._fedavg import (
     _Deferred,
     check_cohort,
     check_malicious,
-    make_local_config,
     malicious_mask,
     resolve_cohort_size,
-    run_local,
 )
 
 

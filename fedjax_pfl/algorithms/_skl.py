@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_pfl.aggregators import Aggregator
+from fedjax_pfl.core import make_local_config
 from fedjax_pfl.core._clients import check_nonnegative
 from fedjax_pfl.core._round import EngineConfig
 from fedjax_pfl.core._types import Algorithm
@@ -21,7 +22,7 @@ from fedjax_pfl.data._federated import client_batch_indices, gather_batch
 from fedjax_pfl.models._model import Model
 
 from ._ewc import finetune_local_config, penalized_finetuning
-from ._fedavg import check_cohort, global_solver, make_local_config
+from ._fedavg import check_cohort, global_solver
 
 KL_WEIGHTS = ("code", "paper")
 

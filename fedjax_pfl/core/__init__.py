@@ -11,7 +11,13 @@ from ._drivers import evaluate_state as evaluate_state
 from ._drivers import run_rounds as run_rounds
 from ._drivers import simulate as simulate
 from ._drivers import sweep as sweep
+from ._local import LocalConfig as LocalConfig
+from ._local import client_steps as client_steps
+from ._local import default_unroll as default_unroll
 from ._local import local_train as local_train
+from ._local import make_local_config as make_local_config
+from ._local import run_local as run_local
+from ._local import run_steps as run_steps
 from ._round import EngineConfig as EngineConfig
 from ._round import client_mesh as client_mesh
 from ._round import federated_round as federated_round

@@ -33,10 +33,17 @@ class EngineConfig:
       map_batch_size: clients per ``lax.map`` step for ``'map'``.
       mesh: optional ``jax.sharding.Mesh`` with a ``'clients'`` axis; the cohort
         axis of the round is then sharded over it.
+      buckets: with ``'vmap'``, sort the cohort by training-set size and run it
+        as this many vmapped groups of consecutive sizes. A vmapped loop runs to
+        the largest trip count of its batch, so clients whose step counts follow
+        their data (epochs) waste less on padding; the round reports
+        ``engine/bucket_padding``, the share of the vmapped example-proportional
+        work that is padding (0 = none). Results are unchanged (uploads are
+        handed to the server in cohort order).
     """
 
     def __init__(self, strategy: str | None = None, map_batch_size: int | None = None,
-                 mesh: jax.sharding.Mesh | None = None):
+                 mesh: jax.sharding.Mesh | None = None, buckets: int | None = None):
         from ._clients import STRATEGIES, default_strategy
 
         if strategy is None:
@@ -54,11 +61,57 @@ class EngineConfig:
             raise ValueError(
                 f"mesh: needs an axis named 'clients', got axes {mesh.axis_names}"
             )
+        if buckets is not None and (not isinstance(buckets, int) or buckets < 1):
+            raise ValueError(f"buckets: must be a positive integer, got {buckets!r}")
+        if buckets is not None and strategy != "vmap":
+            raise ValueError(f"buckets: only applies to strategy='vmap' (the others "
+                             f"run each client's own steps), got {strategy!r}")
         self.strategy, self.map_batch_size, self.mesh = strategy, map_batch_size, mesh
+        self.buckets = buckets
 
     def __repr__(self):
         return (f"EngineConfig(strategy={self.strategy!r}, "
-                f"map_batch_size={self.map_batch_size}, mesh={self.mesh})")
+                f"map_batch_size={self.map_batch_size}, mesh={self.mesh}, "
+                f"buckets={self.buckets})")
+
+    def lift(self, fn: Callable, *, reduce: bool = False) -> Callable:
+        """``fn`` lifted over the cohort axis by this engine (:func:`lift`, or
+        :func:`lift_sum` with ``reduce``), in ``buckets`` consecutive groups."""
+        lifter = lift_sum if reduce else lift
+        lifted = lifter(fn, self.strategy, self.map_batch_size)
+        if not self.buckets or self.buckets == 1:
+            return lifted
+
+        def run(*args):
+            n = jax.tree.leaves(args)[0].shape[0]
+            k = min(self.buckets, n)
+            sizes = [n // k + (i < n % k) for i in range(k)]
+            starts = np.cumsum([0] + sizes[:-1])
+            outs = [lifted(*jax.tree.map(lambda a, s=s, z=z: a[s:s + z], args))
+                    for s, z in zip(starts, sizes)]
+            per = [o[0] for o in outs] if reduce else outs
+            per = jax.tree.map(lambda *p: jnp.concatenate(p), *per)
+            if not reduce:
+                return per
+            return per, jax.tree.map(lambda *a: sum(a[1:], a[0]),
+                                     *[o[1] for o in outs])
+
+        return run
+
+    def bucket_order(self, counts: jax.Array) -> tuple[jax.Array, jax.Array] | None:
+        """``(order, padding)`` for a cohort's training counts, or None without
+        buckets: ``order`` sorts the cohort by size and ``padding`` is the share
+        of padded example-proportional work of the bucketed vmap."""
+        if not self.buckets:
+            return None
+        order = jnp.argsort(counts, stable=True)
+        c = counts[order].astype(jnp.float32)
+        n = c.shape[0]
+        k = min(self.buckets, n)
+        sizes = [n // k + (i < n % k) for i in range(k)]
+        ends = np.cumsum(sizes) - 1  # sorted: a bucket's largest is its last
+        padded = sum(z * c[e] for z, e in zip(sizes, ends))
+        return order, 1.0 - jnp.sum(c) / jnp.maximum(padded, 1.0)
 
     def shard_cohort(self, tree: PyTree) -> PyTree:
         """Constrains the leading (cohort) axis to the mesh's 'clients' axis."""
@@ -124,6 +177,9 @@ def federated_round(
     def round_step(state: AlgorithmState, data, key: jax.Array):
         rkey = jax.random.fold_in(key, state.round)
         ids = round_cohort(data, state.round, key, cohort_size, cohort)
+        bucketing = engine.bucket_order(data.train.counts[ids])
+        if bucketing is not None:  # vmap groups of similar sizes
+            ids = ids[bucketing[0]]
         keys = client_keys(jax.random.fold_in(rkey, CLIENT_TAG), data.key_ids[ids])
         cohort_states = tree_gather(state.clients, ids)
         cohort_states, ids_s, keys_s = engine.shard_cohort((cohort_states, ids, keys))
@@ -132,9 +188,11 @@ def federated_round(
             return client_fn(state.server, client_state, cid, ckey, data)
 
         if linear_weights is None:
-            res: ClientResult = lift(one, engine.strategy, engine.map_batch_size)(
-                cohort_states, ids_s, keys_s
-            )
+            res: ClientResult = engine.lift(one)(cohort_states, ids_s, keys_s)
+            if bucketing is not None:  # back to cohort (sorted-id) order
+                inv = jnp.argsort(bucketing[0])
+                res = jax.tree.map(lambda a: a[inv], res)
+                ids = ids[inv]
             updates, weights = res.update, res.weight
             nonfinite = _count_nonfinite_rows(res.update)
         else:
@@ -146,9 +204,8 @@ def federated_round(
                 bad = _count_nonfinite_rows(jax.tree.map(lambda u: u[None], r.update))
                 return r._replace(update=()), (scaled, c, bad)
 
-            res, (total, c_sum, nonfinite) = lift_sum(
-                one_summed, engine.strategy, engine.map_batch_size
-            )(cohort_states, ids_s, keys_s)
+            res, (total, c_sum, nonfinite) = engine.lift(one_summed, reduce=True)(
+                cohort_states, ids_s, keys_s)
             updates = jax.tree.map(
                 lambda a: (a / jnp.maximum(c_sum, 1e-12).astype(a.dtype))[None], total
             )
@@ -159,9 +216,12 @@ def federated_round(
             jax.random.fold_in(rkey, SERVER_TAG),
         )
         clients = tree_scatter(state.clients, ids, res.client_state)
-        metrics = {f"train/{k}": jnp.mean(v) for k, v in res.metrics.items()}
+        # nanmean: a client that took no step (drop_last) reports a NaN loss
+        metrics = {f"train/{k}": jnp.nanmean(v) for k, v in res.metrics.items()}
         metrics.update(server_metrics)
         metrics["nonfinite_clients"] = nonfinite
+        if bucketing is not None:
+            metrics["engine/bucket_padding"] = bucketing[1]
         return AlgorithmState(server, clients, state.round + 1), metrics
 
     return round_step

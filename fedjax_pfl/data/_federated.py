@@ -288,17 +288,30 @@ def client_batch_indices(
     num_steps: int,
     batch_size: int,
     sampling: str = "with_replacement",
+    drop_last: bool = False,
+    num_passes: int | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Row indices ``[num_steps, B]`` into ``split`` and a ``[num_steps, B]`` mask.
 
     Modes:
       * ``"with_replacement"``: each row uniform over the client's examples.
-      * ``"epoch"``: without replacement; a fresh permutation of the client's data
-        per epoch, epochs chained within the round (a client with fewer than
-        ``batch_size`` examples wraps into the next epoch). Each round starts a new
-        epoch (no cursor is carried across rounds).
+      * ``"epoch"``: without replacement; pass ``e`` over the client's data is a
+        fresh permutation drawn with ``fold_in(key, e)``. Without ``drop_last``
+        the passes are chained (a batch that crosses the end of a pass is
+        completed from the next one; a client with fewer than ``batch_size``
+        examples wraps several times); with ``drop_last`` each pass gives
+        ``n_k // B`` whole batches and drops its remainder (PyTorch's
+        ``DataLoader(shuffle=True, drop_last=True)``; a client with fewer than
+        ``B`` examples repeats some in its batch). Each round starts a new
+        pass (no cursor is carried across rounds).
       * ``"full_batch"``: every step uses all the client's examples
         (``B = max_count``, padded rows masked out).
+
+    ``num_passes`` (``'epoch'`` only) is how many permutations to draw (static);
+    steps past them reuse the last one. Default: enough for ``num_steps`` steps
+    of the smallest client. Callers that know how many steps each client really
+    takes (an epoch budget) pass fewer: drawing a permutation costs a sort of
+    ``max_count`` keys.
     """
     offset = split.offsets[client]
     count = split.counts[client]
@@ -307,14 +320,25 @@ def client_batch_indices(
         mask = jnp.ones((num_steps, batch_size), jnp.float32)
     elif sampling == "epoch":
         total = num_steps * batch_size
-        num_epochs = -(-total // max(split.min_count, 1))
-        num_epochs = min(num_epochs, total)
+        smallest = max(split.min_count, 1)
+        if num_passes is None:
+            num_passes = (-(-num_steps // max(1, smallest // batch_size)) if drop_last
+                          else min(-(-total // smallest), total))
         m = split.max_count
-        u = jax.random.uniform(key, (num_epochs, m))
+        u = jax.vmap(lambda e: jax.random.uniform(jax.random.fold_in(key, e), (m,)))(
+            jnp.arange(num_passes))
         u = jnp.where(jnp.arange(m)[None, :] < count, u, 2.0)
         perms = jnp.argsort(u, axis=1)  # first `count` entries: a permutation
-        pos = jnp.arange(total)
-        local = perms[pos // count, pos % count].reshape(num_steps, batch_size)
+        if drop_last:
+            per_pass = jnp.maximum(count // batch_size, 1)
+            step = jnp.arange(num_steps)
+            pas = jnp.minimum(step // per_pass, num_passes - 1)
+            col = (step % per_pass)[:, None] * batch_size + jnp.arange(batch_size)
+            local = perms[pas[:, None], col % count]  # wraps only if count < B
+        else:
+            pos = jnp.arange(total)
+            local = perms[jnp.minimum(pos // count, num_passes - 1), pos % count]
+            local = local.reshape(num_steps, batch_size)
         mask = jnp.ones((num_steps, batch_size), jnp.float32)
     elif sampling == "full_batch":
         ar = jnp.arange(split.max_count)

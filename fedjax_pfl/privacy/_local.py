@@ -10,8 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from fedjax_pfl.core import run_steps
 from fedjax_pfl.core._clients import check_nonnegative, check_positive, is_concrete
-from fedjax_pfl.core._local import scan_steps
+from fedjax_pfl.core._local import mean_over_steps
 from fedjax_pfl.data._federated import (
     SAMPLING_MODES,
     client_batch_indices,
@@ -89,7 +90,8 @@ def make_dp_config(clip, noise_multiplier, sampling, sampling_rate=None,
                     normalize, clip_method, chunk_size, fair_clip)
 
 
-def dp_batches(split, client, key, *, num_steps, batch_size, sampling, dp: DPConfig):
+def dp_batches(split, client, key, *, num_steps, batch_size, sampling, dp: DPConfig,
+               drop_last: bool = False, num_passes: int | None = None):
     """``(rows, mask, truncated)`` for ``num_steps`` steps (``truncated`` is 0
     without Poisson sampling). Non-Poisson modes draw exactly the rows that
     :func:`fedjax_pfl.core.local_train` draws with the same key."""
@@ -102,7 +104,8 @@ def dp_batches(split, client, key, *, num_steps, batch_size, sampling, dp: DPCon
         return poisson_batch_indices(split, client, key, q=dp.sampling_rate,
                                      num_steps=num_steps, max_batch_size=cap)
     rows, mask = client_batch_indices(split, client, key, num_steps=num_steps,
-                                      batch_size=batch_size, sampling=sampling)
+                                      batch_size=batch_size, sampling=sampling,
+                                      drop_last=drop_last, num_passes=num_passes)
     return rows, mask, jnp.zeros((num_steps,), jnp.int32)
 
 
@@ -130,6 +133,9 @@ def dp_local_train(
     dp: DPConfig,
     unroll: int | bool = 1,
     weight_fn: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
+    active_steps: jax.Array | int | None = None,
+    drop_last: bool = False,
+    num_passes: int | None = None,
 ) -> tuple[Params, jax.Array, dict]:
     """``num_steps`` DP-SGD steps (SGD with step ``lr``) on one client's data.
 
@@ -139,6 +145,9 @@ def dp_local_train(
     normaliser. Noise keys are ``fold_in(fold_in(key, NOISE_TAG), step)``.
     ``weight_fn(losses, mask)`` gives per-example (fairness) weights, clipped by
     ``dp.fair_clip`` (see :func:`fedjax_pfl.privacy.clip_factor`).
+    ``active_steps``, ``drop_last`` and ``num_passes`` are those of
+    :func:`fedjax_pfl.core.local_train` (only the first ``active_steps`` steps
+    run, with that trip count).
 
     Returns:
       ``(params, mean minibatch loss, metrics)`` with ``dp/batch_size`` (mean
@@ -147,7 +156,8 @@ def dp_local_train(
       the cap, summed over steps) and ``dp/ghost`` (1 on the ghost-norm path).
     """
     rows, mask, truncated = dp_batches(split, client, key, num_steps=num_steps,
-                                       batch_size=batch_size, sampling=sampling, dp=dp)
+                                       batch_size=batch_size, sampling=sampling, dp=dp,
+                                       drop_last=drop_last, num_passes=num_passes)
     nkey = jax.random.fold_in(key, NOISE_TAG)
     count = split.counts[client]
     opt = optax.sgd(lr)
@@ -155,7 +165,7 @@ def dp_local_train(
 
     def step(carry, inputs):
         p, opt_state = carry
-        i, r, m = inputs
+        i, r, m, trunc = inputs
         b = gather_batch(split, r, m)
         den = denominator(dp, b.mask, count, batch_size)
         g, info = private_grad(
@@ -171,15 +181,18 @@ def dp_local_train(
             loss = loss + model.regularizer(p)
         w = 1.0 if weight_fn is None else jnp.abs(weight_fn(info["losses"], b.mask))
         clipped = jnp.sum((jnp.abs(info["factors"]) < w * (1 - 1e-6)) * b.mask)
-        return (optax.apply_updates(p, upd), opt_state), (loss, n_real, clipped)
+        return (optax.apply_updates(p, upd), opt_state), (loss, n_real, clipped,
+                                                          trunc)
 
-    (params, _), (losses, sizes, clipped) = scan_steps(
-        step, (params, opt.init(params)), (jnp.arange(num_steps), rows, mask), unroll)
+    (params, _), (loss_sum, size_sum, clipped, trunc), n = run_steps(
+        step, (params, opt.init(params)),
+        (jnp.arange(num_steps), rows, mask, truncated), unroll=unroll,
+        active_steps=active_steps)
     metrics = {
-        "dp/batch_size": jnp.mean(sizes),
-        "dp/clipped_fraction": jnp.sum(clipped) / jnp.maximum(jnp.sum(sizes), 1.0),
-        "dp/truncated": jnp.sum(truncated).astype(jnp.float32),
+        "dp/batch_size": mean_over_steps(size_sum, n),
+        "dp/clipped_fraction": clipped / jnp.maximum(size_sum, 1.0),
+        "dp/truncated": trunc.astype(jnp.float32),
         "dp/ghost": jnp.float32(bool(ghost and ghost[0])),
     }
-    return params, jnp.mean(losses), metrics
+    return params, mean_over_steps(loss_sum, n), metrics
 
