@@ -2,6 +2,7 @@
 
 from ._conv import Conv as Conv
 from ._conv import conv_general_dilated as conv_general_dilated
+from ._conv import max_pool as max_pool
 from ._model import LOSSES as LOSSES
 from ._model import Model as Model
 from ._model import accuracy as accuracy

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import flax.linen as nn
 import jax.numpy as jnp
 
-from ._conv import Conv
+from ._conv import Conv, max_pool
 from ._model import Model, from_flax
 
 # Glorot-uniform kernels and zero biases: TF1's defaults, used by the Ditto code.
@@ -53,9 +53,9 @@ class DittoFMNISTCNN(nn.Module):
         if x.ndim == 2:
             x = x.reshape(x.shape[0], 28, 28, 1)
         x = nn.relu(Conv(32, (5, 5), padding="SAME", kernel_init=_glorot)(x))
-        x = nn.max_pool(x, (2, 2), (2, 2))
+        x = max_pool(x, (2, 2), (2, 2))
         x = nn.relu(Conv(64, (5, 5), padding="SAME", kernel_init=_glorot)(x))
-        x = nn.max_pool(x, (2, 2), (2, 2))
+        x = max_pool(x, (2, 2), (2, 2))
         x = x.reshape(x.shape[0], -1)
         x = nn.relu(nn.Dense(1024, kernel_init=_glorot)(x))
         return nn.Dense(self.num_classes, kernel_init=_glorot)(x)

@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._conv import Conv
+from ._conv import Conv, max_pool
 from ._model import Model, from_flax
 
 _glorot = nn.initializers.glorot_uniform()
@@ -100,9 +100,9 @@ class DittoFEMNISTCNN(nn.Module):
         x = _as_image(x, (28, 28, 1))
         drop = not (self.dropout and train)
         x = nn.relu(Conv(16, (5, 5), padding="SAME", kernel_init=_glorot)(x))
-        x = nn.max_pool(x, (2, 2), (2, 2))
+        x = max_pool(x, (2, 2), (2, 2))
         x = nn.relu(Conv(32, (5, 5), padding="SAME", kernel_init=_glorot)(x))
-        x = nn.max_pool(x, (2, 2), (2, 2))
+        x = max_pool(x, (2, 2), (2, 2))
         x = nn.Dropout(0.25, deterministic=drop)(x)
         x = x.reshape(x.shape[0], -1)
         x = nn.relu(nn.Dense(128, kernel_init=_glorot)(x))
@@ -149,7 +149,7 @@ class DittoCelebACNN(nn.Module):
         for _ in range(4):
             x = Conv(32, (3, 3), padding="SAME", kernel_init=_glorot)(x)
             x = BatchStatNorm()(x)
-            x = nn.max_pool(x, (2, 2), (2, 2), padding="SAME")
+            x = max_pool(x, (2, 2), (2, 2), padding="SAME")
             x = nn.relu(x)
         x = x.reshape(x.shape[0], -1)
         return nn.Dense(self.num_classes, kernel_init=_glorot)(x)
@@ -204,8 +204,8 @@ class FedAvgCNN(nn.Module):
     @nn.compact
     def __call__(self, x):
         x = _as_image(x, self.image_shape)
-        x = nn.max_pool(nn.relu(_torch_conv(x, 32, 5)), (2, 2), (2, 2))
-        x = nn.max_pool(nn.relu(_torch_conv(x, 64, 5)), (2, 2), (2, 2))
+        x = max_pool(nn.relu(_torch_conv(x, 32, 5)), (2, 2), (2, 2))
+        x = max_pool(nn.relu(_torch_conv(x, 64, 5)), (2, 2), (2, 2))
         x = x.reshape(x.shape[0], -1)
         x = nn.relu(_torch_dense(x, 512))
         return _torch_dense(x, self.num_classes)
@@ -241,8 +241,8 @@ class LindtCIFARCNN(nn.Module):
     def __call__(self, x, train: bool = False):
         x = _as_image(x, (32, 32, 3))
         drop = not (self.dropout and train)
-        x = nn.max_pool(nn.relu(_torch_conv(x, 32, 5)), (2, 2), (2, 2))
-        x = nn.max_pool(nn.relu(_torch_conv(x, 64, 5)), (2, 2), (2, 2))
+        x = max_pool(nn.relu(_torch_conv(x, 32, 5)), (2, 2), (2, 2))
+        x = max_pool(nn.relu(_torch_conv(x, 64, 5)), (2, 2), (2, 2))
         x = x.reshape(x.shape[0], -1)
         x = nn.Dropout(0.5, deterministic=drop)(nn.relu(_torch_dense(x, 512)))
         x = nn.Dropout(0.5, deterministic=drop)(nn.relu(_torch_dense(x, 128)))

@@ -112,3 +112,21 @@ def test_zoo_convs_are_flax_conv_with_the_loop_friendly_gradient():
         one = jax.jit(jax.grad(loss))(params, xs[i])
         for a, b in zip(jax.tree.leaves(mapped(params, xs)), jax.tree.leaves(one)):
             np.testing.assert_allclose(a[i], b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("window, strides, padding, shape", [
+    ((2, 2), (2, 2), "VALID", (3, 8, 6, 4)), ((2, 2), (2, 2), "SAME", (2, 4, 4, 3)),
+    ((3, 3), (3, 3), "VALID", (2, 9, 6, 2)), ((2, 2), (1, 1), "VALID", (2, 5, 5, 2)),
+    ((2, 2), (2, 2), "VALID", (2, 5, 4, 2))])  # last two: flax's path
+def test_max_pool_equals_flax(window, strides, padding, shape):
+    """Same values and (without ties) the same gradient as nn.max_pool; with
+    tied maxima the gradient is shared, so each window's total is the same."""
+    x = jnp.asarray(np.random.default_rng(0).normal(size=shape), jnp.float32)
+    ours = models.max_pool(x, window, strides, padding)
+    np.testing.assert_array_equal(ours, nn.max_pool(x, window, strides, padding))
+    g = [jax.grad(lambda a, f=f: jnp.sum(jnp.sin(f(a, window, strides, padding))))(x)
+         for f in (models.max_pool, nn.max_pool)]
+    np.testing.assert_allclose(g[0], g[1], atol=1e-6)
+    ties = jnp.zeros((1, 4, 4, 1))
+    gt = jax.grad(lambda a: jnp.sum(models.max_pool(a, (2, 2), (2, 2))))(ties)
+    np.testing.assert_allclose(gt, 0.25)
