@@ -180,7 +180,7 @@ def params_to_torch(params, net) -> None:
         "fc1.0.weight": d0.reshape(512, 1024), "fc1.0.bias": p["Dense_0"]["bias"],
         "fc.weight": p["Dense_1"]["kernel"].T, "fc.bias": p["Dense_1"]["bias"],
     }
-    net.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v))
+    net.load_state_dict({k: torch.from_numpy(np.array(v, np.float32))  # a copy
                          for k, v in arrays.items()})
 
 
@@ -255,15 +255,14 @@ class TorchDitto:
         ``mu/2 ||w - v||`` term), for the global and personal models. Returns the
         pooled test accuracies (AUC, which PFLlib adds with sklearn, is left out)."""
         with torch.no_grad():
-            gm = torch.cat([p.view(-1) for p in self.glob.parameters()])
             out = {}
             for view in ("global", "personal"):
-                correct = [self._eval_client(k, view, gm) for k in range(len(self.loaders))]
+                correct = [self._eval_client(k, view) for k in range(len(self.loaders))]
                 out[view] = sum(correct) / max(sum(len(t.dataset) for t in
                                                    self.test_loaders), 1)
             return out
 
-    def _eval_client(self, k, view, gm) -> int:
+    def _eval_client(self, k, view) -> int:
         net = self.glob if view == "global" else self.personal[k]
         net.eval()
         correct = 0
@@ -273,7 +272,8 @@ class TorchDitto:
             correct += int((logits.argmax(1) == y).sum())
         for x, y in self.loaders[k]:
             loss = self.loss(net(x), y)
-            if view == "personal":
+            if view == "personal":  # as PFLlib: both models flattened per batch
+                gm = torch.cat([p.view(-1) for p in self.glob.parameters()])
                 pm = torch.cat([p.view(-1) for p in net.parameters()])
                 loss = loss + 0.5 * self.lam * torch.norm(gm - pm, p=2)
             loss.item()
@@ -295,25 +295,29 @@ def run_torch(train, test, w0, args):
 
 def _time_rounds(train_round, evaluate, state, rounds, name):
     """Runs ``rounds`` rounds, each followed by an evaluation, timing both; the
-    first round is the warm-up (its time is ``first_round_s``)."""
-    train_s, eval_s, hist = [], [], []
+    first round is the warm-up (its time is ``first_round_s``). The process CPU
+    time of each training round is kept too: about ``cores x wall`` on a quiet
+    machine, less when other processes take cores away."""
+    train_s, eval_s, cpu_s, hist = [], [], [], []
     for r in range(rounds):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         state = train_round(state)
         t1 = time.perf_counter()
+        cpu_s.append(time.process_time() - c0)
         acc = evaluate(state)
         t2 = time.perf_counter()
         train_s.append(t1 - t0)
         eval_s.append(t2 - t1)
         hist.append(acc)
-        print(f"  {name} round {r + 1}: train {t1 - t0:.2f} s, eval {t2 - t1:.2f} s, "
-              f"global {acc['global']:.4f}, personal {acc['personal']:.4f}", flush=True)
+        print(f"  {name} round {r + 1}: train {t1 - t0:.2f} s (CPU {cpu_s[-1]:.1f} s), "
+              f"eval {t2 - t1:.2f} s, global {acc['global']:.4f}, personal "
+              f"{acc['personal']:.4f}", flush=True)
     timed = slice(1, None) if rounds > 1 else slice(None)  # drop the warm-up
     tr, ev = np.asarray(train_s[timed]), np.asarray(eval_s[timed])
     return {"first_round_s": train_s[0], "round_s": float(np.median(tr)),
             "eval_s": float(np.median(ev)), "round_eval_s": float(np.median(tr + ev)),
             "timed_rounds": max(rounds - 1, 0), "train_s_all": train_s,
-            "eval_s_all": eval_s, "global_acc": hist[-1]["global"],
+            "eval_s_all": eval_s, "train_cpu_s_all": cpu_s, "global_acc": hist[-1]["global"],
             "personal_acc": hist[-1]["personal"], "acc_history": hist}
 
 
