@@ -8,6 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_pfl.core._clients import is_concrete
+
 
 def default_max_batch_size(q: float, n: int) -> int:
     """``min(n, ceil(q n + 6 sqrt(q n) + 1))``: the static cap of a Poisson(q)
@@ -49,7 +51,7 @@ def poisson_batch_indices(split, client, key, *, q, num_steps: int,
 
 
 def check_rate(name: str, q) -> None:
-    if isinstance(q, jax.core.Tracer):
+    if not is_concrete(q):  # a traced rate cannot be checked on the host
         return
     arr = np.asarray(q, dtype=np.float64)
     if arr.ndim != 0 or not (0.0 < float(arr) <= 1.0):
