@@ -2,9 +2,13 @@
 
 One checkpoint (an orbax step, numbered by the rounds done in the run) holds:
 
-* ``state``: the leaves of the :class:`AlgorithmState`, as host copies, keyed by
-  their position in ``jax.tree.leaves`` (typed PRNG keys stored as their
-  ``key_data``; zero-size leaves, which orbax refuses, rebuilt from the spec);
+* ``state``: the leaves of the :class:`AlgorithmState`, one ``.npy`` file each,
+  named by their position in ``jax.tree.leaves`` (typed PRNG keys stored as
+  their ``key_data``; zero-size leaves not stored, rebuilt from the spec). Large
+  leaves are streamed from the device in row blocks of about ``BLOCK_BYTES`` and
+  read back into a donated device buffer block by block, so neither a save nor a
+  restore ever holds a second full copy of the state (500 Ditto FMNIST personal
+  models: 6.5 GB);
 * ``meta`` (JSON): the history rows so far, the rounds done, the offset of the
   JSON-lines file, the spec of every state leaf, and the run's fingerprint.
 
@@ -15,6 +19,7 @@ previous checkpoint as the latest one. See docs/checkpointing.md.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import warnings
@@ -24,8 +29,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-FORMAT = 1
+FORMAT = 2  # 1: orbax StandardSave of host copies; 2: streamed .npy leaves
 KEEP = 2  # checkpoints kept
+BLOCK_BYTES = 64 << 20  # a leaf larger than this is written and read in row blocks
 
 
 class Restored(NamedTuple):
@@ -89,18 +95,18 @@ def fingerprint(*, num_rounds, eval_every, run_key, start_round, template,
 
 
 def _encode(state):
-    """Host copies of the leaves (taken before the state is donated)."""
+    """The leaves to write (device arrays, not copied) and their spec."""
     arrays, spec = {}, []
     for i, x in enumerate(jax.tree.leaves(state)):
         entry = _leaf_spec(x)
         if _is_key(x):
             entry["key_impl"] = str(jax.random.key_impl(x))
             x = jax.random.key_data(x)
-        a = np.array(jax.device_get(x), copy=True)
-        entry.update(data_shape=list(a.shape), data_dtype=str(a.dtype))
+        entry.update(data_shape=[int(d) for d in np.shape(x)],
+                     data_dtype=str(x.dtype))
         spec.append(entry)
-        if a.size:
-            arrays[f"{i:06d}"] = a
+        if np.size(x):
+            arrays[f"{i:06d}"] = x
     return arrays, spec
 
 
@@ -116,6 +122,126 @@ def _decode(template, arrays, spec):
             a = jax.random.wrap_key_data(a, impl=entry["key_impl"])
         out.append(a)
     return jax.tree.unflatten(treedef, out)
+
+
+def _block_rows(shape, dtype) -> int:
+    """Rows of a leaf per block: all of them for a leaf of at most
+    ``BLOCK_BYTES`` (or a scalar)."""
+    if len(shape) == 0:
+        return 1
+    row = int(np.prod(shape[1:], dtype=np.int64)) * jnp.dtype(dtype).itemsize
+    return int(min(shape[0], max(1, BLOCK_BYTES // max(row, 1))))
+
+
+def _block_starts(n: int, rows: int) -> list[int]:
+    """Starts of the row blocks; the last block ends at ``n`` (it may overlap
+    the one before, so every block has the same shape: one compilation)."""
+    return sorted({min(s, n - rows) for s in range(0, n, rows)})
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _read_rows(a, start, rows):
+    return jax.lax.dynamic_slice_in_dim(a, start, rows)
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _write_rows(a, block, start):
+    return jax.lax.dynamic_update_slice_in_dim(a, block, start, 0)
+
+
+def _npy_header(f, shape, dtype) -> None:
+    np.lib.format.write_array_header_1_0(f, {
+        "descr": np.lib.format.dtype_to_descr(np.dtype(dtype)),
+        "fortran_order": False, "shape": tuple(shape)})
+
+
+_copy = jax.jit(jnp.copy)
+
+
+def write_leaf(path, x) -> None:
+    """Writes array ``x`` to ``path`` as ``.npy``, in row blocks of about
+    ``BLOCK_BYTES`` copied from the device one at a time.
+
+    Only fresh device copies (blocks) are fetched, never ``x`` itself: on CPU,
+    ``jax.device_get(x)`` is a view of ``x``'s buffer that jax keeps, and a
+    buffer with such a view is copied instead of donated to the next round."""
+    shape, dtype = tuple(np.shape(x)), jnp.dtype(x.dtype)
+    rows = _block_rows(shape, dtype)
+    with open(path, "wb") as f:
+        _npy_header(f, shape, dtype)
+        if not shape or rows == shape[0]:  # small: one host copy of the leaf
+            np.ascontiguousarray(jax.device_get(_copy(x))).tofile(f)
+            return
+        done = 0
+        for start in _block_starts(shape[0], rows):
+            block = np.asarray(jax.device_get(_read_rows(x, start, rows)))
+            block[done - start:].tofile(f)  # the rows not written yet
+            done = start + rows
+
+
+def read_leaf(path, shape, dtype) -> jax.Array:
+    """Reads a leaf written by :func:`write_leaf` onto the default device, block by
+    block into one donated buffer.
+
+    Raises:
+      ValueError: the file's header or size does not match ``shape``/``dtype``.
+    """
+    shape, dtype = tuple(shape), jnp.dtype(dtype)
+    with open(path, "rb") as f:
+        fmt = np.lib.format
+        read_header = (fmt.read_array_header_1_0 if fmt.read_magic(f) == (1, 0)
+                       else fmt.read_array_header_2_0)
+        got, fortran, got_dtype = read_header(f)
+        offset = f.tell()
+        size = os.fstat(f.fileno()).st_size
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if (tuple(got) != shape or fortran or got_dtype.itemsize != dtype.itemsize
+                or (got_dtype.kind != "V" and got_dtype != dtype)  # bfloat16: "V2"
+                or size != offset + nbytes):
+            raise ValueError(f"{path}: holds {got} {got_dtype} ({size - offset} "
+                             f"bytes), expected {shape} {dtype}")
+        rows = _block_rows(shape, dtype)
+        if not shape or rows == shape[0]:
+            return jnp.asarray(np.fromfile(f, dtype, int(np.prod(shape))).reshape(shape))
+        out = jnp.zeros(shape, dtype)
+        row = nbytes // shape[0]
+        for start in _block_starts(shape[0], rows):
+            f.seek(offset + start * row)
+            block = np.fromfile(f, dtype, rows * (row // dtype.itemsize))
+            out = _write_rows(out, block.reshape((rows, *shape[1:])), start)
+        return out
+
+
+@functools.cache
+def _leaf_files_args():
+    """orbax ``CheckpointArgs`` (save, restore) of the ``.npy`` leaf handler."""
+    import dataclasses
+
+    import orbax.checkpoint as ocp
+
+    class LeafFilesHandler(ocp.CheckpointHandler):
+        """The state's leaves, one streamed ``.npy`` file each (see module doc)."""
+
+        def save(self, directory, args):
+            if jax.process_index() == 0:
+                for name, x in args.arrays.items():
+                    write_leaf(os.path.join(directory, f"{name}.npy"), x)
+
+        def restore(self, directory, args):
+            return {name: read_leaf(os.path.join(directory, f"{name}.npy"), *sd)
+                    for name, sd in args.spec.items()}
+
+    @ocp.args.register_with_handler(LeafFilesHandler, for_save=True)
+    @dataclasses.dataclass
+    class LeafFilesSave(ocp.args.CheckpointArgs):
+        arrays: dict
+
+    @ocp.args.register_with_handler(LeafFilesHandler, for_restore=True)
+    @dataclasses.dataclass
+    class LeafFilesRestore(ocp.args.CheckpointArgs):
+        spec: dict  # name -> (shape, dtype)
+
+    return LeafFilesSave, LeafFilesRestore
 
 
 class Checkpointer:
@@ -141,27 +267,24 @@ class Checkpointer:
         meta = {"fingerprint": fp, "rounds_done": int(rounds_done), "spec": spec,
                 "history": history, "jsonl_bytes": jsonl_bytes}
         ocp = self._ocp
+        save_args, _ = _leaf_files_args()
         self.manager.save(int(rounds_done), force=True, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(arrays), meta=ocp.args.JsonSave(meta)))
+            state=save_args(arrays), meta=ocp.args.JsonSave(meta)))
         self.manager.wait_until_finished()
 
     def _read(self, step):
         ocp = self._ocp
         meta = self.manager.restore(step, args=ocp.args.Composite(
             meta=ocp.args.JsonRestore())).meta
-        spec = meta["spec"]
-        abstract = {f"{i:06d}": jax.ShapeDtypeStruct(e["data_shape"], e["data_dtype"])
-                    for i, e in enumerate(spec) if np.prod(e["data_shape"]) > 0}
+        if meta.get("fingerprint", {}).get("format") != FORMAT:
+            return meta, {}  # another format: refused by the fingerprint check
+        wanted = {f"{i:06d}": (e["data_shape"], e["data_dtype"])
+                  for i, e in enumerate(meta["spec"]) if np.prod(e["data_shape"]) > 0}
         arrays = {}
-        if abstract:
+        if wanted:
+            _, restore_args = _leaf_files_args()
             arrays = self.manager.restore(step, args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(abstract))).state
-        if set(arrays) != set(abstract):
-            raise ValueError(f"checkpoint {step}: leaves missing")
-        for name, sds in abstract.items():
-            a = np.asarray(arrays[name])
-            if a.shape != sds.shape or a.dtype != sds.dtype:
-                raise ValueError(f"checkpoint {step}: leaf {name} has the wrong shape")
+                state=restore_args(wanted))).state
         return meta, arrays
 
     def restore(self, template, fp) -> Restored | None:
@@ -183,6 +306,12 @@ class Checkpointer:
                 continue
             if meta.get("fingerprint") != fp:
                 old = meta.get("fingerprint") or {}
+                if old.get("format") != FORMAT:
+                    raise ValueError(
+                        f"checkpoint_dir: {self.directory} holds a checkpoint in "
+                        f"format {old.get('format')}; this version reads format "
+                        f"{FORMAT} (docs/checkpointing.md); refusing to resume. Use "
+                        "the version that wrote it, or another directory.")
                 diff = sorted(k for k in set(fp) | set(old) if fp.get(k) != old.get(k))
                 raise ValueError(
                     f"checkpoint_dir: {self.directory} holds a checkpoint of a different "

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from fedjax_pfl.core._types import ModelView
-from fedjax_pfl.data._federated import Split
-from fedjax_pfl.models._model import Model
+from fedjax_pfl.core import ModelView, default_strategy
+from fedjax_pfl.data import Split
+from fedjax_pfl.models import Model
+
+TAIL_CHUNK = 8  # rows per chunk of the rest of a client's rows after full chunks
 
 
 def _per_example(model: Model, params, x, y):
@@ -15,61 +18,143 @@ def _per_example(model: Model, params, x, y):
     return model.loss(out, y), model.metric(out, y)
 
 
+def _check_size(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name}: must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def _shared_sums(model: Model, params, split: Split, chunk: int):
+    """Per-client sums of loss and metric of one shared model: all rows in
+    chunks of ``chunk`` (the last chunk is the split's last ``chunk`` rows, its
+    rows already counted masked out), summed per client as they go."""
+    n, num_clients = split.num_examples, split.num_clients
+    b = max(1, min(n, chunk))
+    owner = split.client_of_row
+    ar = jnp.arange(b)
+
+    def body(i, acc):
+        start = jnp.minimum(i * b, n - b)  # in bounds, no padded copy of the rows
+        loss, score = _per_example(model, params, *(jax.lax.dynamic_slice_in_dim(
+            a, start, b) for a in (split.x, split.y)))
+        keep = start + ar >= i * b
+        own = jax.lax.dynamic_slice_in_dim(owner, start, b)
+        return tuple(
+            s + jax.ops.segment_sum(jnp.where(keep, v, 0.0).astype(s.dtype), own,
+                                    num_clients)
+            for s, v in zip(acc, (loss, score)))
+
+    zero = jnp.zeros((num_clients,), jnp.float32)
+    return jax.lax.fori_loop(0, -(-n // b), body, (zero, zero))
+
+
+def _client_sums(model: Model, params, split: Split, c, b: int, t: int):
+    """Sums of loss and metric over client ``c``'s own rows with ``params``:
+    ``count // b`` full chunks of ``b`` rows, then the rest in chunks of ``t``
+    rows (the last one masked). Trip counts are dynamic, so the work is the
+    client's rows plus fewer than ``t`` padded ones, never the largest client's."""
+    offset, count = split.offsets[c], split.counts[c]
+    full = count // b
+
+    def full_chunk(j, acc):
+        loss, score = _per_example(model, params, *(jax.lax.dynamic_slice_in_dim(
+            a, offset + j * b, b) for a in (split.x, split.y)))
+        return (acc[0] + jnp.sum(loss).astype(jnp.float32),
+                acc[1] + jnp.sum(score).astype(jnp.float32))
+
+    art = jnp.arange(t)
+
+    def tail_chunk(j, acc):
+        idx = full * b + j * t + art
+        rows = offset + jnp.minimum(idx, jnp.maximum(count - 1, 0))
+        loss, score = _per_example(model, params, split.x[rows], split.y[rows])
+        keep = idx < count
+        return (acc[0] + jnp.sum(jnp.where(keep, loss, 0.0)).astype(jnp.float32),
+                acc[1] + jnp.sum(jnp.where(keep, score, 0.0)).astype(jnp.float32))
+
+    zero = jnp.zeros((), jnp.float32)
+    acc = jax.lax.fori_loop(0, full, full_chunk, (zero, zero))
+    return jax.lax.fori_loop(0, (count - full * b + t - 1) // t, tail_chunk, acc)
+
+
+def _personal_sums(model: Model, stacked, split: Split, b: int, k: int):
+    """Per-client sums of every client's own model on its own rows: a loop over
+    the clients, ``k`` at a time (vmapped when ``k > 1``), each client's
+    parameters read from the stacked ones by a dynamic index (never a slice of
+    the whole stack, which XLA would copy)."""
+    num_clients = split.num_clients
+    t = min(b, TAIL_CHUNK)
+
+    def one(c):
+        params = jax.tree.map(
+            lambda a: jax.lax.dynamic_index_in_dim(a, c, keepdims=False), stacked)
+        return _client_sums(model, params, split, c, b, t)
+
+    ids = jnp.arange(k)
+
+    def body(i, acc):
+        if k == 1:  # no client axis at all: plain (non-batched) convolutions
+            c = i
+            sums = one(c)
+        else:  # the last block repeats the last client (same values written)
+            c = jnp.minimum(i * k + ids, num_clients - 1)
+            sums = jax.vmap(one)(c)
+        return tuple(a.at[c].set(s) for a, s in zip(acc, sums))
+
+    zero = jnp.zeros((num_clients,), jnp.float32)
+    return jax.lax.fori_loop(0, -(-num_clients // k), body, (zero, zero))
+
+
 def evaluate_split(
-    view: ModelView, split: Split, *, chunk_size: int = 512, row_chunk: int = 64
+    view: ModelView,
+    split: Split,
+    *,
+    chunk_size: int = 512,
+    row_chunk: int = 64,
+    clients_per_step: int | None = None,
 ) -> dict[str, jax.Array]:
     """Per-client mean loss and accuracy on one split, all clients in one call.
 
-    A shared model runs over all rows in chunks and the results are summed per
-    client (``segment_sum``); personal models run client by client over each
-    client's own rows in chunks of ``row_chunk`` (the last one masked), never
-    padded to the split's largest client.
+    A shared model runs over all rows in chunks of ``chunk_size`` and the
+    results are summed per client as they go. Personal models (stacked over
+    clients) run in a loop over the clients, ``clients_per_step`` at a time,
+    each over its own rows only: full chunks of ``row_chunk`` rows, then the
+    rest in chunks of 8 (the last one masked); never padded to the split's
+    largest client, and never a copy of the stacked parameters (docs/engine.md,
+    "Evaluation").
+
+    Args:
+      view: the model and its parameters (shared, or stacked with ``per_client``).
+      split: the split to evaluate.
+      chunk_size: rows per chunk of a shared model.
+      row_chunk: rows per full chunk of a personal model.
+      clients_per_step: personal models evaluated together (vmapped); default
+        the backend's :func:`fedjax_pfl.core.default_strategy`: 1 on CPU (where a
+        conv net vmapped over per-client weights runs slowly), else
+        ``max(1, chunk_size // row_chunk)``.
 
     Returns:
       ``{'loss': [C], 'accuracy': [C], 'count': [C]}``; clients with no rows get
       NaN loss/accuracy.
+
+    Raises:
+      ValueError: a size that is not a positive integer.
     """
-    model = view.model
+    chunk_size = _check_size("chunk_size", chunk_size)
+    row_chunk = _check_size("row_chunk", row_chunk)
+    if clients_per_step is not None:
+        clients_per_step = _check_size("clients_per_step", clients_per_step)
     counts = split.counts
-    num_clients = split.num_clients
     if not view.per_client:
-        n = split.num_examples
-        pad = (-n) % chunk_size
-        x = jnp.pad(split.x, [(0, pad)] + [(0, 0)] * (split.x.ndim - 1))
-        y = jnp.pad(split.y, [(0, pad)] + [(0, 0)] * (split.y.ndim - 1))
-        shape = (-1, chunk_size)
-        xc = x.reshape(shape + x.shape[1:])
-        yc = y.reshape(shape + y.shape[1:])
-        loss, score = jax.lax.map(
-            lambda xy: _per_example(model, view.params, *xy), (xc, yc)
-        )
-        loss, score = loss.reshape(-1)[:n], score.reshape(-1)[:n]
-        owner = split.client_of_row
-        loss_sum = jax.ops.segment_sum(loss, owner, num_clients)
-        score_sum = jax.ops.segment_sum(score, owner, num_clients)
+        loss_sum, score_sum = _shared_sums(view.model, view.params, split, chunk_size)
     else:
-        # Each client's rows in fixed chunks of ``b``, as many as the client needs
-        # (a dynamic trip count): O(total rows + clients * b) work, not
-        # O(clients * largest client) (12x less for Ditto's FMNIST test split).
         b = max(1, min(split.max_count, row_chunk))
-        ar = jnp.arange(b)
-
-        def one(params, offset, count):
-            def body(j, acc):
-                idx = j * b + ar
-                rows = offset + jnp.minimum(idx, jnp.maximum(count - 1, 0))
-                mask = (idx < count).astype(jnp.float32)
-                loss, score = _per_example(model, params, split.x[rows], split.y[rows])
-                return acc[0] + jnp.sum(loss * mask), acc[1] + jnp.sum(score * mask)
-
-            zero = jnp.zeros((), jnp.float32)
-            return jax.lax.fori_loop(0, (count + b - 1) // b, body, (zero, zero))
-
-        loss_sum, score_sum = jax.lax.map(
-            lambda a: one(*a),
-            (view.params, split.offsets, counts),
-            batch_size=max(1, min(num_clients, chunk_size // b)),
-        )
+        if clients_per_step is None:
+            strategy, batch = default_strategy()
+            clients_per_step = (batch or 1) if strategy == "map" else max(
+                1, chunk_size // b)
+        k = max(1, min(clients_per_step, split.num_clients))
+        loss_sum, score_sum = _personal_sums(view.model, view.params, split, b, k)
     denom = counts.astype(jnp.float32)
     safe = jnp.where(denom > 0, denom, jnp.nan)
     return {"loss": loss_sum / safe, "accuracy": score_sum / safe, "count": counts}

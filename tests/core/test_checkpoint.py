@@ -174,6 +174,17 @@ def test_another_runs_checkpoint_is_refused(tmp_path, alg, data):
         fp.simulate(alg, data, **kw)
 
 
+def test_a_checkpoint_in_another_format_is_refused(tmp_path, monkeypatch, alg, data):
+    from fedjax_pfl.core import _checkpoint
+
+    kw = dict(RUN, checkpoint_dir=str(tmp_path / "ck"))
+    fp.simulate(alg, data, **dict(kw, num_rounds=2))
+    monkeypatch.setattr(_checkpoint, "FORMAT", _checkpoint.FORMAT + 1)
+    with pytest.raises(ValueError, match="checkpoint_dir: .* in format 2; this "
+                       "version reads format 3"):
+        fp.simulate(alg, data, resume=True, **dict(kw, num_rounds=2))
+
+
 @pytest.mark.parametrize("kwargs, match", [
     (dict(checkpoint_every=3), "checkpoint_every"),  # not a multiple of eval_every
     (dict(checkpoint_every=0), "checkpoint_every"),
@@ -189,3 +200,72 @@ def test_invalid_checkpoint_arguments(tmp_path, alg, data, kwargs, match):
     with pytest.raises(ValueError, match=match):
         fp.simulate(alg, data, **kw)
     assert not (tmp_path / "ck").exists() or not os.listdir(tmp_path / "ck")
+
+
+@pytest.mark.parametrize("shape, dtype", [
+    ((37, 5), jnp.float32),  # 5 rows a block: 8 blocks, the last one overlapping
+    ((9, 3), jnp.bfloat16), ((11,), jnp.bool_), ((), jnp.int32), ((7, 2, 3), jnp.uint32),
+    ((2, 40), jnp.float32),  # a row larger than a block: one row a block
+])
+def test_leaves_are_streamed_in_row_blocks(tmp_path, monkeypatch, shape, dtype):
+    """A leaf larger than BLOCK_BYTES is copied from the device one row block at a
+    time and read back exactly (an ordinary .npy file)."""
+    from fedjax_pfl.core import _checkpoint
+
+    monkeypatch.setattr(_checkpoint, "BLOCK_BYTES", 100)
+    x = jax.random.normal(jax.random.key(0), shape) * 100
+    x = (x > 0) if dtype == jnp.bool_ else x.astype(dtype)
+    fetched = []
+    get = jax.device_get
+
+    def counting_get(a):
+        fetched.append(int(np.prod(np.shape(a))) * jnp.dtype(a.dtype).itemsize)
+        return get(a)
+
+    monkeypatch.setattr(jax, "device_get", counting_get)
+    path = tmp_path / "leaf.npy"
+    _checkpoint.write_leaf(path, x)
+    monkeypatch.undo()
+    row = x.nbytes // shape[0] if shape else x.nbytes
+    if x.nbytes > 100:
+        assert len(fetched) > 1 and max(fetched) <= max(100, row)
+    back = _checkpoint.read_leaf(path, shape, str(jnp.dtype(dtype)))
+    assert back.dtype == x.dtype and back.shape == x.shape
+    np.testing.assert_array_equal(np.asarray(back), np.asarray(x))
+    if dtype != jnp.bfloat16:
+        np.testing.assert_array_equal(np.load(path), np.asarray(x))
+
+
+def test_a_truncated_leaf_file_is_refused(tmp_path):
+    from fedjax_pfl.core import _checkpoint
+
+    path = tmp_path / "leaf.npy"
+    _checkpoint.write_leaf(path, jnp.arange(12.0).reshape(4, 3))
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - 4)
+    with pytest.raises(ValueError, match="expected"):
+        _checkpoint.read_leaf(path, (4, 3), "float32")
+    with pytest.raises(ValueError, match="expected"):
+        _checkpoint.read_leaf(path, (4, 2), "float32")
+    _checkpoint.write_leaf(path, jnp.arange(12.0).reshape(4, 3))
+    with pytest.raises(ValueError, match="expected"):
+        _checkpoint.read_leaf(path, (4, 3), "int32")  # same size, another dtype
+
+
+def test_a_streamed_stacked_state_resumes_exactly(tmp_path, monkeypatch, alg, data,
+                                                  full):
+    """The personal models ([8, 60, 10] and [8, 10]) written and read in blocks of
+    3 clients (the last block overlapping): the resumed run equals an
+    uninterrupted one."""
+    from fedjax_pfl.core import _checkpoint
+
+    monkeypatch.setattr(_checkpoint, "BLOCK_BYTES", 3 * 60 * 10 * 4 + 1)
+    ck = tmp_path / "ck"
+    kw = dict(RUN, checkpoint_dir=str(ck), checkpoint_every=4)
+    with pytest.raises(Crash):
+        fp.simulate(alg, data, callback=crash_at(6), **kw)
+    res = fp.simulate(alg, data, resume=True, **kw)
+    assert_same_run(res, full)
+    kernel = [f for f in os.listdir(ck / "7" / "state") if f.endswith(".npy")]
+    shapes = {np.load(ck / "7" / "state" / f, mmap_mode="r").shape for f in kernel}
+    assert (8, 60, 10) in shapes  # the stacked personal kernel, one file

@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from fedjax_pfl import data as fdata
 from fedjax_pfl import models
@@ -95,3 +96,60 @@ def test_psi_is_the_training_size_weighted_variance():
     np.testing.assert_allclose(s["psi"], (p * (np.array([1.0, 3.0]) - mean) ** 2).sum(),
                                rtol=1e-6)  # 0.75
     assert "psi" not in summarize(v, jnp.ones(4))
+
+
+def _loop_reference(model, params_of, clients):
+    """Per-client mean loss and accuracy, one client at a time in Python."""
+    loss, acc = [], []
+    for c, (x, y) in enumerate(clients):
+        if not len(y):
+            loss.append(np.nan)
+            acc.append(np.nan)
+            continue
+        out = model.apply(params_of(c), x)
+        loss.append(float(np.mean(models.cross_entropy(out, y))))
+        acc.append(float(np.mean(np.argmax(out, -1) == y)))
+    return np.array(loss), np.array(acc)
+
+
+def test_evaluation_in_client_steps_and_row_chunks_equals_a_python_loop():
+    """Personal models one client at a time and several (vmapped) at a time,
+    with full row chunks, 8-row tail chunks and empty clients; a shared model
+    in chunks that do not divide the rows: all equal a Python loop over
+    clients, jitted with the split as an argument (traced counts)."""
+    rng = np.random.default_rng(2)
+    sizes = (0, 1, 7, 8, 9, 20, 33, 3)
+    test = [(rng.normal(size=(n, 4)).astype(np.float32), rng.integers(0, 3, n))
+            for n in sizes]
+    train = [(rng.normal(size=(2, 4)).astype(np.float32), rng.integers(0, 3, 2))
+             for _ in sizes]
+    d = fdata.from_client_arrays(train, test=test)
+    model = models.mlp((4,), 3, hidden=(5,))
+    params = [model.init(jax.random.key(i)) for i in range(len(sizes))]
+    stacked = jax.tree.map(lambda *a: jnp.stack(a), *params)
+    want = _loop_reference(model, lambda c: params[c], test)
+    for k in (1, 2, 3, 8):
+        for row_chunk in (1, 4, 16, 64):
+            res = jax.jit(lambda p, s, k=k, r=row_chunk: evaluate_split(
+                ModelView(model, p, True), s, row_chunk=r, clients_per_step=k))(
+                    stacked, d.test)
+            np.testing.assert_allclose(res["loss"], want[0], rtol=2e-5)
+            np.testing.assert_allclose(res["accuracy"], want[1], atol=1e-6)
+            np.testing.assert_array_equal(res["count"], sizes)
+    shared = _loop_reference(model, lambda c: params[0], test)
+    for chunk in (1, 5, 16, 1000):
+        res = jax.jit(lambda p, s, n=chunk: evaluate_split(
+            ModelView(model, p, False), s, chunk_size=n))(params[0], d.test)
+        np.testing.assert_allclose(res["loss"], shared[0], rtol=2e-5)
+        np.testing.assert_allclose(res["accuracy"], shared[1], atol=1e-6)
+
+
+@pytest.mark.parametrize("kwargs", [{"chunk_size": 0}, {"row_chunk": -1},
+                                    {"clients_per_step": 0}, {"row_chunk": 2.0}])
+def test_evaluate_split_refuses_bad_sizes(kwargs):
+    d = fdata.from_client_arrays([(np.zeros((2, 4), np.float32), np.zeros(2, int))])
+    model = models.logistic_regression((4,), 3)
+    name = next(iter(kwargs))
+    with pytest.raises(ValueError, match=name):
+        evaluate_split(ModelView(model, model.init(jax.random.key(0)), False), d.train,
+                       **kwargs)
