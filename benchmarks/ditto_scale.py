@@ -61,7 +61,7 @@ VARIANTS = {"round": ("after",), "eval": ("after", "before"),
             "simulate": ("no_checkpoint", "checkpoint", "preset")}
 MODELS = {"cnn": models.ditto_fmnist_cnn,
           "logreg": lambda: models.logistic_regression((784,), 10)}
-GB = 1 << 30
+GB = 1 << 30  # sizes are reported in GiB (fields *_gb)
 
 
 # ---------------------------------------------------------------- measuring
@@ -498,10 +498,13 @@ def report(path: str) -> str:
     if not recs:
         return "(no records)"
     any_r = next(iter(recs.values()))
+    shas = ", ".join(sorted({r["git_sha"] for r in recs.values()}))
+    dates = sorted(r["date"] for r in recs.values())
     lines = [f"{any_r['cpu_model']}, {any_r['affinity_cpus']} CPUs, jax {any_r['jax']}, "
-             f"{any_r['backend']}, git {any_r['git_sha']}, {any_r['date']}; "
+             f"{any_r['backend']}, git {shas}, {dates[0]} to {dates[-1]}; "
              f"{any_r['num_clients']} clients, model {any_r['model']}"
-             + (" (synthetic data)" if any_r["synthetic"] else ""), "",
+             + (" (synthetic data)" if any_r["synthetic"] else "")
+             + "; GB = GiB (2^30 bytes)", "",
              ("| phase | variant | seconds | compile s | GFLOP (needed / run) | GFLOP/s "
               "| peak RSS GB | notes |"), "|---|---|---|---|---|---|---|---|"]
 

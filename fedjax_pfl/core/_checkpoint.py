@@ -155,22 +155,18 @@ def _npy_header(f, shape, dtype) -> None:
         "fortran_order": False, "shape": tuple(shape)})
 
 
-_copy = jax.jit(jnp.copy)
-
-
 def write_leaf(path, x) -> None:
     """Writes array ``x`` to ``path`` as ``.npy``, in row blocks of about
     ``BLOCK_BYTES`` copied from the device one at a time.
 
-    Only fresh device copies (blocks) are fetched, never ``x`` itself: on CPU,
-    ``jax.device_get(x)`` is a view of ``x``'s buffer that jax keeps, and a
-    buffer with such a view is copied instead of donated to the next round."""
+    No host view of ``x`` outlives the call: on CPU, a buffer with a live host
+    view is copied instead of donated to the next round."""
     shape, dtype = tuple(np.shape(x)), jnp.dtype(x.dtype)
     rows = _block_rows(shape, dtype)
     with open(path, "wb") as f:
         _npy_header(f, shape, dtype)
         if not shape or rows == shape[0]:  # small: one host copy of the leaf
-            np.ascontiguousarray(jax.device_get(_copy(x))).tofile(f)
+            np.ascontiguousarray(jax.device_get(x)).tofile(f)
             return
         done = 0
         for start in _block_starts(shape[0], rows):
@@ -209,6 +205,7 @@ def read_leaf(path, shape, dtype) -> jax.Array:
             f.seek(offset + start * row)
             block = np.fromfile(f, dtype, rows * (row // dtype.itemsize))
             out = _write_rows(out, block.reshape((rows, *shape[1:])), start)
+            out.block_until_ready()  # one block in flight, not the whole file
         return out
 
 

@@ -236,6 +236,20 @@ def test_leaves_are_streamed_in_row_blocks(tmp_path, monkeypatch, shape, dtype):
         np.testing.assert_array_equal(np.load(path), np.asarray(x))
 
 
+@pytest.mark.parametrize("block_bytes", [64 << 20, 100])
+def test_a_written_leaf_is_still_donated_in_place(tmp_path, monkeypatch, block_bytes):
+    """The writer fetches copies, never a host view of the leaf's own buffer (on
+    CPU such a view makes jax copy the buffer instead of donating it)."""
+    from fedjax_pfl.core import _checkpoint
+
+    monkeypatch.setattr(_checkpoint, "BLOCK_BYTES", block_bytes)
+    for x in (jnp.arange(1000.0).reshape(100, 10), jnp.float32(2.0)):
+        ptr = x.unsafe_buffer_pointer()
+        _checkpoint.write_leaf(tmp_path / "x.npy", x)
+        y = jax.jit(lambda a: a + 1, donate_argnums=0)(x)
+        assert x.is_deleted() and y.unsafe_buffer_pointer() == ptr
+
+
 def test_a_truncated_leaf_file_is_refused(tmp_path):
     from fedjax_pfl.core import _checkpoint
 
