@@ -32,7 +32,6 @@ is skipped with a message.
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import os
 import sys
@@ -42,6 +41,7 @@ import jax
 import numpy as np
 
 from fedjax_pfl import algorithms, data, evaluate_state, models
+from fedjax_pfl.core import EngineConfig, client_mesh
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from throughput import _meta, parse_or_report, write_jsonl
@@ -83,27 +83,43 @@ def load_clients(num_clients: int | None = None):
 # ---------------------------------------------------------------------- fedjax
 
 
-def fedjax_ditto(model, *, lr, lam, batch_size, num_clients):
-    """``algorithms.ditto`` with PFLlib's settings; returns ``(alg, drop_last)``
-    (``drop_last`` is ``False`` where the factory does not take it yet: the last,
-    partial batch then wraps into the next epoch)."""
-    kw = {"lam": lam, "client_lr": lr, "batch_size": batch_size, "local_epochs": 1,
-          "personal_epochs": 1, "sampling": "epoch", "cohort": "full",
-          "cohort_size": num_clients, "weighted": True}
-    has_drop_last = "drop_last" in inspect.signature(algorithms.ditto).parameters
-    if has_drop_last:
-        kw["drop_last"] = True
-    return algorithms.ditto(model, **kw), has_drop_last
+def cpu_devices(n: int) -> int:
+    """Asks JAX for ``n`` CPU devices (it must not have started yet) and returns
+    how many there are: with several, each device trains its own share of the
+    cohort on its own core (``EngineConfig('map', mesh=...)``)."""
+    try:
+        jax.config.update("jax_num_cpu_devices", n)
+    except RuntimeError:  # JAX already started (e.g. under pytest): keep its devices
+        pass
+    return min(n, jax.device_count())
+
+
+def fedjax_ditto(model, *, lr, lam, batch_size, num_clients, devices):
+    """``algorithms.ditto`` with PFLlib's settings; with ``devices > 1`` the
+    cohort's clients run one loop per CPU device (one per core)."""
+    engine = EngineConfig("map", 1, mesh=client_mesh(jax.devices()[:devices])
+                          if devices > 1 else None)
+    return algorithms.ditto(model, lam=lam, client_lr=lr, batch_size=batch_size,
+                            local_epochs=1, personal_epochs=1, sampling="epoch",
+                            drop_last=True, cohort="full", cohort_size=num_clients,
+                            weighted=True, engine=engine), True
 
 
 def fedjax_setup(train, test, args):
     """The data, the algorithm, its initial state and the run's key."""
     model = models.fedavg_cnn((28, 28, 1), 10)
     fed = data.from_client_arrays(train, test=test)
+    # the cohort is split evenly over the devices
+    args.devices = max(d for d in range(1, args.devices + 1) if len(train) % d == 0)
     alg, drop_last = fedjax_ditto(model, lr=args.lr, lam=args.lam,
-                                  batch_size=args.batch_size, num_clients=len(train))
+                                  batch_size=args.batch_size, num_clients=len(train),
+                                  devices=args.devices)
     key = jax.random.key(args.seed)
     state = alg.init(jax.random.split(key)[0], fed)  # as simulate splits the key
+    if args.devices > 1:  # a copy on every device, as the rounds leave them
+        rep = jax.sharding.NamedSharding(client_mesh(jax.devices()[:args.devices]),
+                                         jax.sharding.PartitionSpec())
+        fed, state = jax.device_put((fed, state), rep)
     return fed, alg, drop_last, state, key
 
 
@@ -368,9 +384,15 @@ def main(argv=None):
     p.add_argument("--batch-size", type=int, default=10)
     p.add_argument("--torch-threads", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--devices", type=int, default=len(os.sched_getaffinity(0)),
+                   help="CPU devices for fedjax (one client loop per core; 1 = one "
+                   "device whose operations use every core)")
     args = parse_or_report(p, argv, report)
     if args is None:
         return []
+    if args.devices < 1:
+        p.error("--devices: must be >= 1")
+    args.devices = cpu_devices(args.devices)
     if args.rounds < 1:
         p.error("--rounds: must be >= 1")
     impls = [i for i in IMPLS if i in args.impl]
@@ -386,6 +408,7 @@ def main(argv=None):
               "clients": len(train), "rounds": args.rounds, "lr": args.lr,
               "lam": args.lam, "batch_size": args.batch_size, "local_epochs": 1,
               "personal_epochs": 1, "weighted": True, "seed": args.seed,
+              "devices": args.devices,
               "train_rows": sum(counts), "test_rows": sum(len(c[1]) for c in test),
               "sgd_steps_per_round": 2 * sum(n // args.batch_size for n in counts)}
     print(f"W1: {config['clients']} clients, {config['train_rows']} train / "

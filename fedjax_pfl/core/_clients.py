@@ -198,8 +198,15 @@ def client_keys(key: jax.Array, ids: jax.Array) -> jax.Array:
     return jax.vmap(lambda i: jax.random.fold_in(key, i))(ids)
 
 
+try:  # public through jax 0.10; kept importable on later versions
+    from jax.core import Tracer as _Tracer
+except ImportError:  # pragma: no cover
+    from jax._src.core import Tracer as _Tracer
+
+
 def is_concrete(x) -> bool:
-    return not isinstance(x, jax.core.Tracer)
+    """Whether ``x`` is a concrete value (not traced inside jit/vmap/grad)."""
+    return not isinstance(x, _Tracer)
 
 
 def check_positive(name: str, value, *, integer: bool = False) -> None:

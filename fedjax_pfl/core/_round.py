@@ -3,6 +3,7 @@ aggregate on the server, scatter the personal states back. One jittable function
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -32,7 +33,15 @@ class EngineConfig:
         ``None`` picks the measured default for the backend.
       map_batch_size: clients per ``lax.map`` step for ``'map'``.
       mesh: optional ``jax.sharding.Mesh`` with a ``'clients'`` axis; the cohort
-        axis of the round is then sharded over it.
+        axis of the round is then sharded over it. With ``'vmap'`` XLA partitions
+        the batched program; with ``'map'`` / ``'unroll'`` every device runs
+        its own loop over a share of the cohort (``jax.shard_map``), the shares
+        balanced by training-set size (sorted, dealt in snake order), and the
+        round reports ``engine/shard_imbalance`` (the largest device's share of
+        examples over the mean, minus 1). On a multi-core CPU, devices made
+        with ``jax.config.update("jax_num_cpu_devices", cores)`` then train
+        different clients on different cores (docs/engine.md). The cohort size
+        must be a multiple of the axis size.
       buckets: with ``'vmap'``, sort the cohort by training-set size and run it
         as this many vmapped groups of consecutive sizes. A vmapped loop runs to
         the largest trip count of its batch, so clients whose step counts follow
@@ -74,11 +83,23 @@ class EngineConfig:
                 f"map_batch_size={self.map_batch_size}, mesh={self.mesh}, "
                 f"buckets={self.buckets})")
 
-    def lift(self, fn: Callable, *, reduce: bool = False) -> Callable:
+    @property
+    def shards_loop(self) -> bool:
+        """Whether each device runs its own client loop (``shard_map``)."""
+        return self.mesh is not None and self.strategy != "vmap"
+
+    def lift(self, fn: Callable, *, reduce: bool = False,
+             shared: PyTree = None) -> Callable:
         """``fn`` lifted over the cohort axis by this engine (:func:`lift`, or
-        :func:`lift_sum` with ``reduce``), in ``buckets`` consecutive groups."""
+        :func:`lift_sum` with ``reduce``), in ``buckets`` consecutive groups, or
+        one loop per device of the mesh (:attr:`shards_loop`). With ``shared``,
+        ``fn(shared, *per_client)``: values every client reads (server state,
+        data), passed to each device whole."""
         lifter = lift_sum if reduce else lift
-        lifted = lifter(fn, self.strategy, self.map_batch_size)
+        if self.shards_loop:
+            return self._shard_mapped(lifter, fn, reduce, shared)
+        one = fn if shared is None else functools.partial(fn, shared)
+        lifted = lifter(one, self.strategy, self.map_batch_size)
         if not self.buckets or self.buckets == 1:
             return lifted
 
@@ -98,20 +119,64 @@ class EngineConfig:
 
         return run
 
-    def bucket_order(self, counts: jax.Array) -> tuple[jax.Array, jax.Array] | None:
-        """``(order, padding)`` for a cohort's training counts, or None without
-        buckets: ``order`` sorts the cohort by size and ``padding`` is the share
-        of padded example-proportional work of the bucketed vmap."""
+    def _shard_mapped(self, lifter, fn, reduce: bool, shared) -> Callable:
+        from jax.sharding import PartitionSpec as P
+
+        def local(sh, *args):
+            one = fn if shared is None else functools.partial(fn, sh)
+            out = lifter(one, self.strategy, self.map_batch_size)(*args)
+            if not reduce:
+                return out
+            per, acc = out
+            return per, jax.lax.psum(acc, "clients")
+
+        def run(*args):
+            n = jax.tree.leaves(args)[0].shape[0]
+            d = self.mesh.shape["clients"]
+            if n % d:
+                raise ValueError(
+                    f"cohort_size: {n} clients cannot be split evenly over the "
+                    f"mesh's {d} 'clients' devices; use a multiple of {d}")
+            # check_vma=False: the shared values are replicated, and gradients
+            # with respect to them must stay per client (no implicit psum)
+            specs = (P(),) + (P("clients"),) * len(args)
+            return jax.shard_map(local, mesh=self.mesh, in_specs=specs,
+                                 out_specs=(P("clients"), P()) if reduce
+                                 else P("clients"), check_vma=False)(shared, *args)
+
+        return run
+
+    def cohort_order(self, counts: jax.Array) -> tuple[jax.Array, dict] | None:
+        """How this engine orders a cohort with training counts ``counts``:
+        ``(order, metrics)``, or None to keep it. Buckets: sorted by size, with
+        ``engine/bucket_padding``, the padded share of the bucketed vmap's
+        example-proportional work. A sharded loop: sorted by decreasing size and
+        dealt to the devices in snake order (device ``k`` gets positions
+        ``k n/d .. (k+1) n/d - 1``), with ``engine/shard_imbalance``."""
+        c = counts.astype(jnp.float32)
+        n = c.shape[0]
+        if self.shards_loop:
+            d = self.mesh.shape["clients"]
+            if n % d:
+                return None  # refused by lift with a clear error
+            desc = jnp.argsort(-c, stable=True)
+            j = np.arange(n)
+            rnd, t = j // d, j % d
+            dev = np.where(rnd % 2 == 0, t, d - 1 - t)
+            order = jnp.zeros((n,), jnp.int32).at[dev * (n // d) + rnd].set(desc)
+            loads = jnp.sum(c[order].reshape(d, n // d), axis=1)
+            imbalance = jnp.max(loads) / jnp.maximum(jnp.mean(loads), 1e-12) - 1.0
+            return order, {"engine/shard_imbalance": imbalance}
         if not self.buckets:
             return None
-        order = jnp.argsort(counts, stable=True)
-        c = counts[order].astype(jnp.float32)
-        n = c.shape[0]
+        order = jnp.argsort(c, stable=True)
+        c = c[order]
         k = min(self.buckets, n)
         sizes = [n // k + (i < n % k) for i in range(k)]
         ends = np.cumsum(sizes) - 1  # sorted: a bucket's largest is its last
         padded = sum(z * c[e] for z, e in zip(sizes, ends))
-        return order, 1.0 - jnp.sum(c) / jnp.maximum(padded, 1.0)
+        return order, {"engine/bucket_padding":
+                       1.0 - jnp.sum(c) / jnp.maximum(padded, 1.0)}
 
     def shard_cohort(self, tree: PyTree) -> PyTree:
         """Constrains the leading (cohort) axis to the mesh's 'clients' axis."""
@@ -177,35 +242,37 @@ def federated_round(
     def round_step(state: AlgorithmState, data, key: jax.Array):
         rkey = jax.random.fold_in(key, state.round)
         ids = round_cohort(data, state.round, key, cohort_size, cohort)
-        bucketing = engine.bucket_order(data.train.counts[ids])
-        if bucketing is not None:  # vmap groups of similar sizes
-            ids = ids[bucketing[0]]
+        ordering = engine.cohort_order(data.train.counts[ids])
+        if ordering is not None:  # buckets or per-device shares of similar size
+            ids = ids[ordering[0]]
         keys = client_keys(jax.random.fold_in(rkey, CLIENT_TAG), data.key_ids[ids])
         cohort_states = tree_gather(state.clients, ids)
         cohort_states, ids_s, keys_s = engine.shard_cohort((cohort_states, ids, keys))
 
-        def one(client_state, cid, ckey):
-            return client_fn(state.server, client_state, cid, ckey, data)
+        def one(shared, client_state, cid, ckey):
+            return client_fn(shared[0], client_state, cid, ckey, shared[1])
 
+        shared = (state.server, data)
         if linear_weights is None:
-            res: ClientResult = engine.lift(one)(cohort_states, ids_s, keys_s)
-            if bucketing is not None:  # back to cohort (sorted-id) order
-                inv = jnp.argsort(bucketing[0])
+            res: ClientResult = engine.lift(one, shared=shared)(cohort_states, ids_s,
+                                                                keys_s)
+            if ordering is not None:  # back to cohort (sorted-id) order
+                inv = jnp.argsort(ordering[0])
                 res = jax.tree.map(lambda a: a[inv], res)
                 ids = ids[inv]
             updates, weights = res.update, res.weight
             nonfinite = _count_nonfinite_rows(res.update)
         else:
 
-            def one_summed(client_state, cid, ckey):
-                r = one(client_state, cid, ckey)
+            def one_summed(shared, client_state, cid, ckey):
+                r = one(shared, client_state, cid, ckey)
                 c = linear_weights(r.weight, jnp.float32(1.0))
                 scaled = jax.tree.map(lambda u: c.astype(u.dtype) * u, r.update)
                 bad = _count_nonfinite_rows(jax.tree.map(lambda u: u[None], r.update))
                 return r._replace(update=()), (scaled, c, bad)
 
-            res, (total, c_sum, nonfinite) = engine.lift(one_summed, reduce=True)(
-                cohort_states, ids_s, keys_s)
+            res, (total, c_sum, nonfinite) = engine.lift(
+                one_summed, reduce=True, shared=shared)(cohort_states, ids_s, keys_s)
             updates = jax.tree.map(
                 lambda a: (a / jnp.maximum(c_sum, 1e-12).astype(a.dtype))[None], total
             )
@@ -220,8 +287,8 @@ def federated_round(
         metrics = {f"train/{k}": jnp.nanmean(v) for k, v in res.metrics.items()}
         metrics.update(server_metrics)
         metrics["nonfinite_clients"] = nonfinite
-        if bucketing is not None:
-            metrics["engine/bucket_padding"] = bucketing[1]
+        if ordering is not None:
+            metrics.update(ordering[1])
         return AlgorithmState(server, clients, state.round + 1), metrics
 
     return round_step

@@ -278,7 +278,7 @@ def test_w1_pytorch_same_numbers():
     x = rng.normal(size=(11, 28, 28, 1)).astype(np.float32)
     y = rng.integers(0, 10, 11)
     train = [(x[:10], y[:10]), (np.repeat(x[10:], 20, 0), np.repeat(y[10:], 20))]
-    args = argparse.Namespace(lr=0.05, lam=1.0, batch_size=10, seed=0)
+    args = argparse.Namespace(lr=0.05, lam=1.0, batch_size=10, seed=0, devices=1)
     fed, alg, _, state, key = mod.fedjax_setup(train, train, args)
     w0 = jax.tree.map(np.array, state.server.params)
     tdit = mod.TorchDitto(train, train, w0, lr=0.05, lam=1.0, batch_size=10, seed=0)
@@ -322,3 +322,13 @@ def test_ditto_scale_smoke(tmp_path):
     assert all(r["config"]["seed"] == 0 and r["git_sha"] for r in recs)
     table = _load("ditto_scale").report(str(out))
     assert "| round | after |" in table and "Per round at eval_every=50" in table
+
+
+def test_cnn_step_smoke(tmp_path):
+    out = tmp_path / "c.jsonl"
+    recs = _load("cnn_step").main(["--variants", "cores", "per_core", "--steps", "2",
+                                   "--repeats", "1", "--out", str(out)])
+    assert [r["variant"] for r in recs] == ["cores", "per_core"]
+    assert all(r["ms_per_step"] > 0 for r in recs)
+    assert recs[1]["models_in_parallel"] == recs[1]["cores"]
+    assert "per_core" in _load("cnn_step").report(str(out))

@@ -234,3 +234,30 @@ def test_dp_sgd_epochs_equal_per_client_loop(fed):
     for _, new, _ in results:
         chex.assert_trees_all_close(new.server.params, _weighted_mean_update(w, news),
                                     atol=2e-6)
+
+
+@pytest.mark.parametrize("aggregator", [None, "median"])
+def test_one_client_loop_per_device_equals_one_device(fed, aggregator):
+    """EngineConfig('map', mesh=...): every device runs its own client loop
+    over a size-balanced share of the cohort (shard_map); same numbers as one
+    device, for the streamed mean and for stacked uploads (median); Ditto's
+    personal states land on the right clients."""
+    from fedjax_pfl import aggregators
+    from fedjax_pfl.core import client_mesh
+
+    assert jax.device_count() >= 4, "conftest sets 4 fake CPU devices"
+    mesh = client_mesh(jax.devices()[:2])
+    agg = None if aggregator is None else aggregators.coordinate_median()
+    kw = dict(lam=0.5, client_lr=0.1, batch_size=B, local_epochs=1.0,
+              sampling="epoch", drop_last=True, cohort="uniform", cohort_size=4,
+              aggregator=agg)
+    one = _round(algorithms.ditto(MODEL, engine=EngineConfig("map", 1), **kw), fed)
+    two = _round(algorithms.ditto(MODEL, engine=EngineConfig("map", 1, mesh=mesh),
+                                  **kw), fed)
+    chex.assert_trees_all_close(two[1].server.params, one[1].server.params, atol=2e-6)
+    chex.assert_trees_all_close(two[1].clients, one[1].clients, atol=2e-6)
+    assert 0 <= float(two[2]["engine/shard_imbalance"]) < 1
+    three = algorithms.fedavg(MODEL, cohort="uniform", cohort_size=3,
+                              engine=EngineConfig("map", 1, mesh=mesh))
+    with pytest.raises(ValueError, match="cohort_size: 3 clients"):
+        _round(three, fed)
