@@ -95,10 +95,14 @@ def cpu_devices(n: int) -> int:
 
 
 def fedjax_ditto(model, *, lr, lam, batch_size, num_clients, devices):
-    """``algorithms.ditto`` with PFLlib's settings; with ``devices > 1`` the
-    cohort's clients run one loop per CPU device (one per core)."""
-    engine = EngineConfig("map", 1, mesh=client_mesh(jax.devices()[:devices])
-                          if devices > 1 else None)
+    """``algorithms.ditto`` with PFLlib's settings; on CPU with ``devices > 1``
+    the cohort's clients run one loop per CPU device (one per core); on an
+    accelerator one vmapped program in 4 size buckets."""
+    if jax.default_backend() != "cpu":  # one batched program, size buckets
+        engine = EngineConfig("vmap", buckets=4)
+    else:
+        engine = EngineConfig("map", 1, mesh=client_mesh(jax.devices()[:devices])
+                              if devices > 1 else None)
     return algorithms.ditto(model, lam=lam, client_lr=lr, batch_size=batch_size,
                             local_epochs=1, personal_epochs=1, sampling="epoch",
                             drop_last=True, cohort="full", cohort_size=num_clients,
@@ -131,15 +135,20 @@ def run_fedjax(fed, alg, drop_last, state, key, args):
     compile_s = time.perf_counter() - t0
     ev_fn = jax.jit(lambda s, d: evaluate_state(
         alg, s, d, key=key, views=("global", "personal"), splits=("train", "test")))
+    # evaluation on one device: the rounds leave the state copied on every
+    # device, and a program over copies would run the same work on each
+    one_dev = jax.devices()[0]
+    eval_fed = jax.device_put(fed, one_dev)
     t0 = time.perf_counter()
-    ev_compiled = ev_fn.lower(state, fed).compile()
+    ev_compiled = ev_fn.lower(jax.device_put(state, one_dev), eval_fed).compile()
     eval_compile_s = time.perf_counter() - t0
 
     def train_round(state):
         return jax.block_until_ready(step(state, fed, run_key)[0])
 
     def evaluate(state):
-        ev = jax.block_until_ready(ev_compiled(state, fed))
+        ev = jax.block_until_ready(ev_compiled(jax.device_put(state, one_dev),
+                                               eval_fed))
         return {v: float(ev[f"{v}/test/accuracy/mean"]) for v in ("global", "personal")}
 
     out = _time_rounds(train_round, evaluate, state, args.rounds, "fedjax")
@@ -225,7 +234,8 @@ class TorchDitto:
                 x.transpose(0, 3, 1, 2))), torch.from_numpy(y))
 
         self.lr, self.lam = lr, lam
-        self.loaders = [DataLoader(tensors(*c), batch_size, shuffle=True, drop_last=True,
+        self.loaders = [DataLoader(tensors(*c), batch_size, shuffle=True,
+                                   drop_last=True,
                                    generator=torch.Generator().manual_seed(seed + k))
                         for k, c in enumerate(train)]
         self.test_loaders = [DataLoader(tensors(*c), batch_size) for c in test]
@@ -333,8 +343,9 @@ def _time_rounds(train_round, evaluate, state, rounds, name):
     return {"first_round_s": train_s[0], "round_s": float(np.median(tr)),
             "eval_s": float(np.median(ev)), "round_eval_s": float(np.median(tr + ev)),
             "timed_rounds": max(rounds - 1, 0), "train_s_all": train_s,
-            "eval_s_all": eval_s, "train_cpu_s_all": cpu_s, "global_acc": hist[-1]["global"],
-            "personal_acc": hist[-1]["personal"], "acc_history": hist}
+            "eval_s_all": eval_s, "train_cpu_s_all": cpu_s,
+            "global_acc": hist[-1]["global"], "personal_acc": hist[-1]["personal"],
+            "acc_history": hist}
 
 
 def _machine() -> dict:
@@ -355,18 +366,20 @@ def report(path: str) -> str:
     with open(path) as fh:
         for r in map(json.loads, fh):
             runs.setdefault(r["run_id"], {})[r["impl"]] = r
-    lines = [("| run | impl | clients | rounds | compile s | train round s | "
-              "round + eval s | global acc | personal acc |"),
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [("| run (git) | impl | devices | clients | rounds | compile s | "
+              "train round s | round + eval s | global acc | personal acc |"),
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for run_id, recs in runs.items():
         for impl, r in recs.items():
             comp = f"{r['compile_s']:.1f}" if "compile_s" in r else "-"
-            lines.append(f"| {run_id} | {impl} | {r['clients']} | {r['rounds']} | "
-                         f"{comp} | {r['round_s']:.2f} | {r['round_eval_s']:.2f} | "
+            dev = r.get("devices", 1) if impl == "fedjax" else "-"
+            lines.append(f"| {run_id} ({r['git_sha']}) | {impl} | {dev} | "
+                         f"{r['clients']} | {r['rounds']} | {comp} | "
+                         f"{r['round_s']:.2f} | {r['round_eval_s']:.2f} | "
                          f"{r['global_acc']:.4f} | {r['personal_acc']:.4f} |")
         if set(IMPLS) <= set(recs):
             f, t = recs["fedjax"], recs["torch"]
-            lines.append(f"| {run_id} | **torch / fedjax** | | | | "
+            lines.append(f"| {run_id} | **torch / fedjax** | | | | | "
                          f"**{t['round_s'] / f['round_s']:.2f}** | "
                          f"**{t['round_eval_s'] / f['round_eval_s']:.2f}** | | |")
     return "\n".join(lines)
@@ -402,7 +415,8 @@ def main(argv=None):
         impls.remove("torch")
     train, test = load_clients(args.clients)
     counts = [len(c[1]) for c in train]
-    meta = dict(_meta(), **_machine(), torch=None if torch is None else torch.__version__)
+    meta = dict(_meta(), **_machine(),
+                torch=None if torch is None else torch.__version__)
     meta["run_id"] = meta["date"]
     config = {"workload": "ditto/pfllib_fmnist_dir01", "model": "fedavg_cnn",
               "clients": len(train), "rounds": args.rounds, "lr": args.lr,
