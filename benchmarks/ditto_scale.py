@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -53,7 +52,7 @@ from fedjax_pfl import algorithms, data, models
 from fedjax_pfl.core import _checkpoint, evaluate_state, simulate
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from throughput import _meta, parse_or_report, write_jsonl
+from throughput import _meta, cpu_model, parse_or_report, write_jsonl
 
 PHASES = ("round", "eval", "checkpoint", "simulate")
 VARIANTS = {"round": ("after",), "eval": ("after", "before"),
@@ -109,13 +108,7 @@ def mem_available() -> int:
 
 
 def machine() -> dict:
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as fh:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in fh
-                        if ln.startswith("model name")), cpu)
-    except OSError:
-        pass
+    cpu = cpu_model()
     with open("/proc/meminfo") as fh:
         total = int(fh.readline().split()[1]) * 1024
     return {"cpu_model": cpu, "mem_total_gb": total / GB,

@@ -129,6 +129,17 @@ def _meta():
             "git_sha": sha, "date": datetime.datetime.now().isoformat(timespec="seconds")}
 
 
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``; ``platform.processor()`` where
+    that is missing)."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            return next((ln.split(":", 1)[1].strip() for ln in fh
+                         if ln.startswith("model name")), platform.processor())
+    except OSError:
+        return platform.processor()
+
+
 def write_jsonl(path: str | None, records) -> None:
     """Appends one JSON line per record to ``path`` (nothing if ``None``)."""
     if path:

@@ -44,7 +44,7 @@ from fedjax_pfl import algorithms, data, evaluate_state, models
 from fedjax_pfl.core import EngineConfig, client_mesh
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from throughput import _meta, parse_or_report, write_jsonl
+from throughput import _meta, cpu_model, parse_or_report, write_jsonl
 
 try:
     import torch
@@ -349,14 +349,7 @@ def _time_rounds(train_round, evaluate, state, rounds, name):
 
 
 def _machine() -> dict:
-    model = "unknown"
-    try:
-        with open("/proc/cpuinfo") as fh:
-            model = next((ln.split(":", 1)[1].strip() for ln in fh
-                          if ln.startswith("model name")), model)
-    except OSError:
-        pass
-    return {"cpu_model": model, "cores": len(os.sched_getaffinity(0))}
+    return {"cpu_model": cpu_model(), "cores": len(os.sched_getaffinity(0))}
 
 
 def report(path: str) -> str:
