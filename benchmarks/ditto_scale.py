@@ -226,7 +226,7 @@ def phase_eval(args, variant):
     if variant == "before" and mem_available() < need - rss():
         return {"skipped": f"needs about {need / GB:.1f} GB, "
                 f"{mem_available() / GB:.1f} GB available"}
-    from fedjax_pfl.metrics import _eval
+    from fedjax_pfl.core import _eval
 
     current = _eval.evaluate_split
     if variant == "before":
@@ -410,7 +410,7 @@ PHASE_FNS = {"round": phase_round, "eval": phase_eval, "checkpoint": phase_check
 
 def evaluate_split_before(view, split, *, chunk_size=512, row_chunk=64):
     """``metrics.evaluate_split`` as of commit 868252e (the baseline)."""
-    from fedjax_pfl.metrics._eval import _per_example
+    from fedjax_pfl.core._eval import _per_example
 
     model = view.model
     counts = split.counts

@@ -30,7 +30,7 @@ import optax
 from fedjax_pfl import algorithms, models
 from fedjax_pfl.core import EngineConfig, run_rounds
 from fedjax_pfl.core._local import local_train
-from fedjax_pfl.core._round import CLIENT_TAG
+from fedjax_pfl.core import KeyTag
 from fedjax_pfl.data import from_client_arrays
 
 MODELS = {
@@ -97,7 +97,7 @@ def loop_round(model, data, args):
 
     add = jax.jit(lambda acc, d: jax.tree.map(jnp.add, acc, d))
     finish = jax.jit(lambda w, acc, n: jax.tree.map(lambda a, b: a + b / n, w, acc))
-    rkey = jax.random.fold_in(jax.random.fold_in(jax.random.key(1), 0), CLIENT_TAG)
+    rkey = jax.random.fold_in(jax.random.fold_in(jax.random.key(1), 0), KeyTag.CLIENT)
     keys = [jax.random.fold_in(rkey, k) for k in np.asarray(data.key_ids)]
     cids = [jnp.int32(c) for c in range(data.num_clients)]
 

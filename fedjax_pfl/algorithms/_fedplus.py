@@ -26,7 +26,8 @@ from fedjax_pfl.core._clients import (
     tree_broadcast,
 )
 from fedjax_pfl.core._local import client_loss
-from fedjax_pfl.core._round import SERVER_TAG, EngineConfig, federated_round
+from fedjax_pfl.core import KeyTag
+from fedjax_pfl.core._round import EngineConfig, federated_round
 from fedjax_pfl.core._types import Algorithm, AlgorithmState, ClientResult, ModelView
 from fedjax_pfl.models._model import Model
 
@@ -300,7 +301,7 @@ def fedplus(
             held = new.clients.sent if keep_sent else new.clients.params
             updates = jax.tree.map(lambda a, b: a - b[None], held, w_t)
             weights = data.train.counts.astype(jnp.float32)
-            skey = jax.random.fold_in(jax.random.fold_in(key, state.round), SERVER_TAG)
+            skey = jax.random.fold_in(jax.random.fold_in(key, state.round), KeyTag.SERVER)
             server, server_metrics = server_step(state.server, updates, weights,
                                                  jnp.ones_like(weights), skey)
             metrics.update(server_metrics)

@@ -11,6 +11,10 @@ from ._drivers import evaluate_state as evaluate_state
 from ._drivers import run_rounds as run_rounds
 from ._drivers import simulate as simulate
 from ._drivers import sweep as sweep
+from ._eval import evaluate as evaluate
+from ._eval import evaluate_split as evaluate_split
+from ._eval import summarize as summarize
+from ._keys import KeyTag as KeyTag
 from ._local import LocalConfig as LocalConfig
 from ._local import client_steps as client_steps
 from ._local import default_unroll as default_unroll

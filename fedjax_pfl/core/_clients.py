@@ -6,7 +6,10 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
+
+from fedjax_pfl.validation import check_nonnegative as check_nonnegative
+from fedjax_pfl.validation import check_positive as check_positive
+from fedjax_pfl.validation import is_concrete as is_concrete
 
 from ._types import PyTree
 
@@ -198,33 +201,3 @@ def client_keys(key: jax.Array, ids: jax.Array) -> jax.Array:
     return jax.vmap(lambda i: jax.random.fold_in(key, i))(ids)
 
 
-try:  # public through jax 0.10; kept importable on later versions
-    from jax.core import Tracer as _Tracer
-except ImportError:  # pragma: no cover
-    from jax._src.core import Tracer as _Tracer
-
-
-def is_concrete(x) -> bool:
-    """Whether ``x`` is a concrete value (not traced inside jit/vmap/grad)."""
-    return not isinstance(x, _Tracer)
-
-
-def check_positive(name: str, value, *, integer: bool = False) -> None:
-    """Raises ValueError unless ``value > 0`` (skipped for traced values)."""
-    if not is_concrete(value):
-        return
-    arr = np.asarray(value)
-    if integer and (arr.dtype.kind not in "iu" or arr.ndim != 0):
-        raise ValueError(f"{name}: must be a positive integer, got {value!r}")
-    if not np.all(np.isfinite(arr)) or np.any(arr <= 0):
-        raise ValueError(f"{name}: must be positive and finite, got {value!r}")
-
-
-def check_nonnegative(name: str, value) -> None:
-    """Raises ValueError unless every entry of ``value`` is finite and ``>= 0``
-    (skipped for traced values)."""
-    if not is_concrete(value):
-        return
-    arr = np.asarray(value, dtype=np.float64)
-    if not np.all(np.isfinite(arr)) or np.any(arr < 0):
-        raise ValueError(f"{name}: must be non-negative and finite, got {value!r}")

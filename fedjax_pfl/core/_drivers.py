@@ -14,9 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _checkpoint
+from ._eval import evaluate
+from ._keys import KeyTag
 from ._types import Algorithm, AlgorithmState
-
-EVAL_TAG = 7  # sub-key tag for evaluation-time randomness (e.g. finetuning)
 
 
 class SimulationResult(NamedTuple):
@@ -85,9 +85,8 @@ def run_rounds(algorithm: Algorithm, state, data, key, num_rounds: int):
 
 
 def _evaluate(algorithm, state, data, key, eval_kwargs, views=None):
-    from fedjax_pfl.metrics._eval import evaluate
 
-    ekey = jax.random.fold_in(jax.random.fold_in(key, EVAL_TAG), state.round)
+    ekey = jax.random.fold_in(jax.random.fold_in(key, KeyTag.EVAL), state.round)
     models = algorithm.eval_models(state, data, ekey)
     if views is not None:
         models = {k: v for k, v in models.items() if k in views}

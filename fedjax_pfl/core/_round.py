@@ -19,10 +19,8 @@ from ._clients import (
     tree_gather,
     tree_scatter,
 )
+from ._keys import KeyTag
 from ._types import AlgorithmState, ClientResult, PyTree
-
-# Sub-key tags: fold_in(round_key, TAG) so each use gets an independent stream.
-COHORT_TAG, CLIENT_TAG, SERVER_TAG = 0, 1, 2
 
 
 class EngineConfig:
@@ -234,7 +232,7 @@ def federated_round(
         mean as a single upload with weight 1 (same result, O(params) memory).
 
     Keys: the round key is ``fold_in(key, round)``; client ``c`` trains with
-    ``fold_in(fold_in(round_key, CLIENT_TAG), data.key_ids[c])``, so results do
+    ``fold_in(fold_in(round_key, KeyTag.CLIENT), data.key_ids[c])``, so results do
     not depend on the cohort's order, its size, the clients' positions or the
     number of devices.
     """
@@ -245,7 +243,7 @@ def federated_round(
         ordering = engine.cohort_order(data.train.counts[ids])
         if ordering is not None:  # buckets or per-device shares of similar size
             ids = ids[ordering[0]]
-        keys = client_keys(jax.random.fold_in(rkey, CLIENT_TAG), data.key_ids[ids])
+        keys = client_keys(jax.random.fold_in(rkey, KeyTag.CLIENT), data.key_ids[ids])
         cohort_states = tree_gather(state.clients, ids)
         cohort_states, ids_s, keys_s = engine.shard_cohort((cohort_states, ids, keys))
 
@@ -280,7 +278,7 @@ def federated_round(
         mask = jnp.ones_like(weights)
         server, server_metrics = server_fn(
             state.server, updates, weights, mask, res.metrics,
-            jax.random.fold_in(rkey, SERVER_TAG),
+            jax.random.fold_in(rkey, KeyTag.SERVER),
         )
         clients = tree_scatter(state.clients, ids, res.client_state)
         # nanmean: a client that took no step (drop_last) reports a NaN loss
@@ -298,7 +296,7 @@ def round_cohort(data, round_: jax.Array, key: jax.Array, cohort_size: int,
                  cohort: str) -> jax.Array:
     """The cohort of round ``round_`` of a run with key ``key`` (as the round
     draws it)."""
-    rkey = jax.random.fold_in(jax.random.fold_in(key, round_), COHORT_TAG)
+    rkey = jax.random.fold_in(jax.random.fold_in(key, round_), KeyTag.COHORT)
     return sample_cohort(rkey, data.train.counts, cohort_size, cohort)
 
 

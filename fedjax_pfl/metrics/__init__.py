@@ -1,8 +1,9 @@
 """Per-client evaluation and fairness/robustness summaries."""
 
-from ._eval import evaluate as evaluate
-from ._eval import evaluate_split as evaluate_split
-from ._eval import summarize as summarize
+from fedjax_pfl.core import evaluate as evaluate
+from fedjax_pfl.core import evaluate_split as evaluate_split
+from fedjax_pfl.core import summarize as summarize
+
 from ._nfl import DetectorState as DetectorState
 from ._nfl import add_gain as add_gain
 from ._nfl import client_gain as client_gain

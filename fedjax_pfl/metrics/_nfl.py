@@ -111,7 +111,7 @@ def deployed_accuracy_fn(algorithm, *, view: str | None = None,
     """A jitted ``(state, data) -> [N]`` per-client accuracy of the model each
     client deploys: ``view`` (default ``personal`` if the algorithm has one, else
     ``global``)."""
-    from ._eval import evaluate_split
+    from fedjax_pfl.core import evaluate_split
 
     def acc(state, data):
         views = algorithm.eval_models(state, data, jax.random.key(0))

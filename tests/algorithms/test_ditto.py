@@ -9,6 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from helpers import leaves_equal as _leaves_equal
+from helpers import rows_changed as _rows_changed
+from helpers import run_jitted as _run
+from helpers import take as _take
 
 import fedjax_pfl as fp
 from fedjax_pfl import aggregators, algorithms, attacks, models
@@ -20,14 +24,8 @@ from fedjax_pfl.algorithms import (
     ditto_linear_regression_solution,
     ditto_point_estimate_solution,
 )
-from fedjax_pfl.algorithms._ditto import PERSONAL_TAG
-from fedjax_pfl.core import EngineConfig, sample_cohort
+from fedjax_pfl.core import EngineConfig, KeyTag, sample_cohort
 from fedjax_pfl.core._local import client_loss, local_train, prox_penalty
-from fedjax_pfl.core._round import CLIENT_TAG, COHORT_TAG
-from helpers import leaves_equal as _leaves_equal
-from helpers import rows_changed as _rows_changed
-from helpers import run_jitted as _run
-from helpers import take as _take
 
 MODEL = models.logistic_regression((6,), 3)
 POINT = models.mean_model(1)
@@ -233,16 +231,16 @@ def _loop_rounds(data, key, num_rounds, *, lam, cohort_size, client_lr,
         static_argnums=4)
     for t in range(num_rounds):
         rkey = jax.random.fold_in(key, t)
-        ids = sample_cohort(jax.random.fold_in(rkey, COHORT_TAG), data.train.counts,
+        ids = sample_cohort(jax.random.fold_in(rkey, KeyTag.COHORT), data.train.counts,
                             cohort_size, "size_weighted")
         deltas = []
         for c in np.asarray(ids):
-            ck = jax.random.fold_in(jax.random.fold_in(rkey, CLIENT_TAG),
+            ck = jax.random.fold_in(jax.random.fold_in(rkey, KeyTag.CLIENT),
                                     data.key_ids[c])
             w_c = train(w, c, ck, client_lr, num_local_steps, 0.0, w)
             deltas.append(jax.tree.map(jnp.subtract, w_c, w))
             v_c = train(_take(v, c), c,
-                        jax.random.fold_in(ck, PERSONAL_TAG), personal_lr,
+                        jax.random.fold_in(ck, KeyTag.PERSONAL), personal_lr,
                         personal_steps, lam, w)
             v = fp.core.tree_scatter(v, jnp.array([c]), _take(v_c, None))
         w = jax.tree.map(lambda p, *ds: p + sum(ds) / len(ds), w, *deltas)
@@ -306,7 +304,7 @@ def test_personal_models_start_at_w0_and_only_selected_clients_change(data):
     key, seen = jax.random.key(9), set()
     for t in range(4):
         rkey = jax.random.fold_in(key, t)
-        ids = set(np.asarray(sample_cohort(jax.random.fold_in(rkey, COHORT_TAG),
+        ids = set(np.asarray(sample_cohort(jax.random.fold_in(rkey, KeyTag.COHORT),
                                            data.train.counts, 2,
                                            "size_weighted")).tolist())
         new, _ = step(state, data, key)
@@ -381,9 +379,9 @@ def _expected_selection(data, alg_state, key, metric, grid, fallback, min_val, *
 
     @jax.jit
     def candidate(c, lam_c):
-        ck = jax.random.fold_in(jax.random.fold_in(rkey, CLIENT_TAG),
+        ck = jax.random.fold_in(jax.random.fold_in(rkey, KeyTag.CLIENT),
                                 data.key_ids[c])
-        v = local_train(MODEL, w, data.train, c, jax.random.fold_in(ck, PERSONAL_TAG),
+        v = local_train(MODEL, w, data.train, c, jax.random.fold_in(ck, KeyTag.PERSONAL),
                         optimizer=optax.sgd(lr), num_steps=steps,
                         batch_size=batch_size, penalty=prox_penalty(lam_c, w))[0]
         score = client_loss(MODEL, v, data.val, c, metric=metric == "accuracy")

@@ -10,21 +10,20 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from helpers import leaves_equal as _leaves_equal
+from helpers import rows_changed as _rows_changed
+from helpers import run_jitted as _run
+from helpers import take as _take
 
 import fedjax_pfl as fp
 from fedjax_pfl import aggregators, algorithms, attacks, models
 from fedjax_pfl import data as fdata
 from fedjax_pfl.aggregators import moreau
 from fedjax_pfl.algorithms._fedplus import fedplus_sgd
-from fedjax_pfl.core import EngineConfig, sample_cohort
+from fedjax_pfl.core import EngineConfig, KeyTag, sample_cohort
 from fedjax_pfl.core._local import local_train, prox_penalty
-from fedjax_pfl.core._round import CLIENT_TAG, COHORT_TAG
 from fedjax_pfl.data._federated import client_batch_indices, gather_batch
 from fedjax_pfl.models._model import batch_loss
-from helpers import leaves_equal as _leaves_equal
-from helpers import rows_changed as _rows_changed
-from helpers import run_jitted as _run
-from helpers import take as _take
 
 MODEL = models.logistic_regression((5,), 3)
 
@@ -378,10 +377,10 @@ def _prox_sgd(w, split, c, key, lr, sigma):
 def _cohort_local_models(data, key, t, m, w, lr, sigma=0.0):
     """Python loop: the cohort of round t and each member's local model."""
     rkey = jax.random.fold_in(key, t)
-    ids = np.asarray(sample_cohort(jax.random.fold_in(rkey, COHORT_TAG),
+    ids = np.asarray(sample_cohort(jax.random.fold_in(rkey, KeyTag.COHORT),
                                    data.train.counts, m, "uniform"))
     return ids, [_prox_sgd(w, data.train, c, jax.random.fold_in(jax.random.fold_in(
-        rkey, CLIENT_TAG), data.key_ids[c]), lr, sigma) for c in ids]
+        rkey, KeyTag.CLIENT), data.key_ids[c]), lr, sigma) for c in ids]
 
 
 def test_fedprox_is_ind0_lambda1(data):
@@ -478,11 +477,11 @@ def _loop_rounds(data, key, num_rounds, agg_set):
     lam, e_k = LOOP["init_mix"], LOOP["local_steps_per_client"]
     for t in range(num_rounds):
         rkey = jax.random.fold_in(key, t)
-        ids = np.asarray(sample_cohort(jax.random.fold_in(rkey, COHORT_TAG),
+        ids = np.asarray(sample_cohort(jax.random.fold_in(rkey, KeyTag.COHORT),
                                        data.train.counts, 3, "uniform"))
         new = []
         for c in ids:
-            ck = jax.random.fold_in(jax.random.fold_in(rkey, CLIENT_TAG),
+            ck = jax.random.fold_in(jax.random.fold_in(rkey, KeyTag.CLIENT),
                                     data.key_ids[c])
             mine = _take(wk, c)
             theta = _np_prox_l2(jax.tree.map(jnp.subtract, mine, w), LOOP["delta"])
@@ -549,7 +548,7 @@ def test_compiles_once_only_cohort_changes_and_untrained_use_global(data):
     key, seen = jax.random.key(9), set()
     for t in range(4):
         ids = set(np.asarray(sample_cohort(
-            jax.random.fold_in(jax.random.fold_in(key, t), COHORT_TAG),
+            jax.random.fold_in(jax.random.fold_in(key, t), KeyTag.COHORT),
             data.train.counts, 2, "uniform")).tolist())
         new, metrics = step(state, data, key)
         changed = _rows_changed(state.clients.params, new.clients.params)

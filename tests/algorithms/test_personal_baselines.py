@@ -19,9 +19,8 @@ from fedjax_pfl import data as fdata
 from fedjax_pfl.algorithms._ewc import diag_fisher
 from fedjax_pfl.algorithms._perfedavg import per_fedavg_step
 from fedjax_pfl.algorithms._skl import symmetric_kl
-from fedjax_pfl.core import EngineConfig, sample_cohort
+from fedjax_pfl.core import EngineConfig, KeyTag, sample_cohort
 from fedjax_pfl.core._local import local_train, prox_penalty
-from fedjax_pfl.core._round import CLIENT_TAG, COHORT_TAG
 from fedjax_pfl.data._federated import client_batch_indices, gather_batch
 from fedjax_pfl.models._model import batch_loss
 
@@ -61,9 +60,9 @@ def _oracle(name, fn, *args, **kwargs):
 def _cohort(data, key, t, m, mode="size_weighted"):
     """Round t's cohort and client keys, as the engine draws them."""
     rkey = jax.random.fold_in(key, t)
-    ids = np.asarray(sample_cohort(jax.random.fold_in(rkey, COHORT_TAG),
+    ids = np.asarray(sample_cohort(jax.random.fold_in(rkey, KeyTag.COHORT),
                                    data.train.counts, m, mode))
-    ck = jax.random.fold_in(rkey, CLIENT_TAG)
+    ck = jax.random.fold_in(rkey, KeyTag.CLIENT)
     return [(int(c), jax.random.fold_in(ck, data.key_ids[c])) for c in ids]
 
 

@@ -10,9 +10,8 @@ import pytest
 import fedjax_pfl as fp
 from fedjax_pfl import algorithms, models
 from fedjax_pfl import data as fdata
-from fedjax_pfl.core import EngineConfig
+from fedjax_pfl.core import EngineConfig, KeyTag
 from fedjax_pfl.core._local import local_train
-from fedjax_pfl.core._round import CLIENT_TAG
 
 MODEL = models.mlp((12,), 4, hidden=(8,))
 
@@ -47,7 +46,7 @@ def test_round_equals_python_loop_over_clients(data):
     _, (new_map1, _) = _one_round(_alg(EngineConfig("map", 1), unroll=1), data, key)
     _, (new_unr, _) = _one_round(_alg(EngineConfig("unroll"), unroll=True), data, key)
     w = state.server.params
-    rkey = jax.random.fold_in(jax.random.fold_in(key, 0), CLIENT_TAG)
+    rkey = jax.random.fold_in(jax.random.fold_in(key, 0), KeyTag.CLIENT)
     train = jax.jit(lambda c, k: local_train(
         MODEL, w, data.train, c, k, optimizer=optax.sgd(0.1), num_steps=3,
         batch_size=5)[0])

@@ -11,9 +11,9 @@ import pytest
 
 from fedjax_pfl import algorithms, models, privacy
 from fedjax_pfl import data as fdata
-from fedjax_pfl.algorithms._ditto import PERSONAL_TAG
 from fedjax_pfl.core import (
     EngineConfig,
+    KeyTag,
     client_steps,
     local_train,
     make_local_config,
@@ -21,7 +21,6 @@ from fedjax_pfl.core import (
 )
 from fedjax_pfl.core._clients import client_keys
 from fedjax_pfl.core._local import passes_needed, prox_penalty
-from fedjax_pfl.core._round import CLIENT_TAG
 
 MODEL = models.mlp((6,), 3, hidden=(5,))
 SIZES = (23, 7, 12, 3, 16)
@@ -143,7 +142,7 @@ def _round(alg, fed, engine_key=jax.random.key(0)):
 
 
 def _client_key(c, fed, key=jax.random.key(0)):
-    rkey = jax.random.fold_in(jax.random.fold_in(key, 0), CLIENT_TAG)
+    rkey = jax.random.fold_in(jax.random.fold_in(key, 0), KeyTag.CLIENT)
     return jax.random.fold_in(rkey, fed.key_ids[c])
 
 
@@ -188,7 +187,7 @@ def test_ditto_epochs_equal_per_client_loop(fed):
     w = results[0][0].server.params
     for c in range(len(SIZES)):
         key = _client_key(c, fed)
-        v = _own_local(fed, c, w, jax.random.fold_in(key, PERSONAL_TAG),
+        v = _own_local(fed, c, w, jax.random.fold_in(key, KeyTag.PERSONAL),
                        drop_last=True, penalty=prox_penalty(0.5, w))
         for _, new, _ in results:
             chex.assert_trees_all_close(

@@ -9,9 +9,8 @@ import pytest
 import fedjax_pfl as fp
 from fedjax_pfl import aggregators, algorithms, models, privacy
 from fedjax_pfl import data as fdata
-from fedjax_pfl.core import EngineConfig
+from fedjax_pfl.core import EngineConfig, KeyTag, round_cohort
 from fedjax_pfl.core._clients import client_keys
-from fedjax_pfl.core._round import CLIENT_TAG, round_cohort
 
 MODEL = models.mlp((6,), 3, hidden=(8,))
 LOCAL = {"client_lr": 0.2, "num_local_steps": 2, "batch_size": 4, "cohort_size": 3, "unroll": 1}
@@ -79,7 +78,7 @@ def test_dp_round_vmap_equals_map_equals_python_loop(data):
     key = jax.random.key(0)
     w = jax.jit(MODEL.init)(jax.random.key(1))
     ids = round_cohort(data, jnp.int32(0), key, 3, "uniform")
-    keys = client_keys(jax.random.fold_in(jax.random.fold_in(key, 0), CLIENT_TAG),
+    keys = client_keys(jax.random.fold_in(jax.random.fold_in(key, 0), KeyTag.CLIENT),
                        data.key_ids[ids])
     dp = privacy.make_dp_config(0.5, 1.0, "poisson", 0.3)
     local = jax.jit(lambda cid, k: privacy.dp_local_train(

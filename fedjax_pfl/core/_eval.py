@@ -6,9 +6,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_pfl.core import ModelView, default_strategy
 from fedjax_pfl.data import Split
 from fedjax_pfl.models import Model
+
+from ._clients import default_strategy
+from ._types import ModelView
 
 TAIL_CHUNK = 8  # rows per chunk of the rest of a client's rows after full chunks
 
