@@ -8,6 +8,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from fedjax_pfl.validation import check_choice, check_number
+
 PyTree = Any
 
 
@@ -56,6 +58,7 @@ def mean(weighted: bool = True) -> Aggregator:
       weighted: weight each update by its client's weight (its number of training
         examples); ``False`` gives the plain average of the Ditto paper's Alg. 2.
     """
+    check_choice("weighted", weighted, (True, False))
 
     def coefficients(weights, mask):
         return mask * weights if weighted else mask
@@ -79,15 +82,18 @@ def tilted_mean(t: float | jax.Array = 1.0, weighted: bool = False) -> Aggregato
     ``t`` up-weights worse-off clients (fairer; t -> inf approaches AFL).
 
     Args:
-      t: the tilt (may be traced).
+      t: the tilt, a finite number (may be traced).
       weighted: also weight by the clients' weights (training-set sizes).
     """
+    check_number("t", t)
+    check_choice("weighted", weighted, (True, False))
 
     def aggregate(state, updates, weights, mask, key, losses=None):
         del key
         if losses is None:
             raise ValueError("tilted_mean: needs the clients' round-start losses")
-        logits = t * losses + (jnp.log(jnp.maximum(weights, 1e-30)) if weighted else 0.0)
+        size = jnp.log(jnp.maximum(weights, 1e-30)) if weighted else 0.0
+        logits = t * losses + size
         logits = jnp.where(mask > 0, logits, -jnp.inf)
         c = jnp.exp(logits - jnp.max(logits))
         return weighted_mean(updates, c), state

@@ -40,9 +40,8 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from fedjax_pfl.core._clients import is_concrete as _is_concrete
+from fedjax_pfl.validation import check_choice, check_int, check_number
 
 from ._mean import Aggregator, weighted_mean
 
@@ -53,38 +52,6 @@ PSI = ("sq", "l2", "l1", "ind0", "zero")
 LINEAR_PSI = ("sq", "ind0", "zero")
 """Penalties whose aggregate is exactly the (weighted) mean."""
 METHODS = ("irls", "paper")
-
-
-# ----------------------------------------------------------------------- checks
-# Shared with _robust.py: validation at the API boundary (STYLE.md §3), skipped
-# for traced values so that float hyperparameters can be swept.
-
-
-def _check_float(name: str, value, *, lo: float, hi: float = np.inf,
-                 lo_open: bool = False) -> None:
-    """``ValueError`` unless ``lo <= value <= hi`` (``lo < value`` if ``lo_open``)."""
-    if not _is_concrete(value):
-        return
-    arr = np.asarray(value, dtype=np.float64)
-    bad = (not np.all(np.isfinite(arr)) or np.any(arr > hi)
-           or np.any(arr <= lo if lo_open else arr < lo))
-    if bad:
-        rng = f"{'(' if lo_open else '['}{lo}, {hi}{']' if np.isfinite(hi) else ')'}"
-        raise ValueError(f"{name}: must be a finite number in {rng}, got {value!r}")
-
-
-def _check_int(name: str, value, *, lo: int, allow_none: bool = False) -> None:
-    """``ValueError`` unless ``value`` is a Python int ``>= lo`` (static)."""
-    if value is None and allow_none:
-        return
-    is_int = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-    if not is_int or value < lo:
-        raise ValueError(f"{name}: must be a (static) integer >= {lo}, got {value!r}")
-
-
-def _check_choice(name: str, value, choices) -> None:
-    if value not in choices:
-        raise ValueError(f"{name}: must be one of {choices}, got {value!r}")
 
 
 # ------------------------------------------------------------------ tree helpers
@@ -156,7 +123,7 @@ def prox(psi: str, u: PyTree, delta) -> PyTree:
       A pytree like ``u``. ``l2`` thresholds the norm of the whole pytree and is 0
       (with a finite gradient) at ``u = 0``.
     """
-    _check_choice("psi", psi, PSI)
+    check_choice("psi", psi, PSI)
     if psi == "sq":
         return jax.tree.map(lambda x: x / (1 + delta), u)
     if psi == "l2":
@@ -173,7 +140,7 @@ def prox(psi: str, u: PyTree, delta) -> PyTree:
 
 def prox_stacked(psi: str, U: PyTree, delta) -> PyTree:
     """:func:`prox` of every row of ``U`` (leaves ``[m, ...]``; norms per row)."""
-    _check_choice("psi", psi, PSI)
+    check_choice("psi", psi, PSI)
     return jax.vmap(lambda u: prox(psi, u, delta))(U)
 
 
@@ -184,9 +151,9 @@ def weiszfeld_solve(updates: PyTree, coeffs: jax.Array, nu, *, num_iters: int,
                     tol=0.0, coordinatewise: bool = False,
                     init: PyTree | None = None) -> tuple[PyTree, jax.Array]:
     """:func:`weiszfeld` that also returns the number of iterations run."""
-    _check_int("num_iters", num_iters, lo=0)
-    _check_float("nu", nu, lo=0.0, lo_open=True)
-    _check_float("tol", tol, lo=0.0)
+    check_int("num_iters", num_iters, lo=0)
+    check_number("nu", nu, lo=0.0, lo_open=True)
+    check_number("tol", tol, lo=0.0)
     c = _coeffs(coeffs)
     U = _zero_rows(updates, c)
     z0 = weighted_mean(U, c) if init is None else init
@@ -281,9 +248,9 @@ def moreau_solve(updates: PyTree, coeffs: jax.Array, psi: str = "l2", delta=0.1,
     """Fed+'s aggregate ``argmin_w sum_k c_k Psi_hat(u_k - w)``; returns
     ``(aggregate, iterations)`` (see :func:`moreau`; ``iterations`` is 0 for the
     penalties whose aggregate is the mean)."""
-    _check_choice("psi", psi, PSI)
-    _check_choice("method", method, METHODS)
-    _check_float("delta", delta, lo=0.0, lo_open=psi in ("l2", "l1"))
+    check_choice("psi", psi, PSI)
+    check_choice("method", method, METHODS)
+    check_number("delta", delta, lo=0.0, lo_open=psi in ("l2", "l1"))
     c = _coeffs(coeffs)
     if psi in LINEAR_PSI:
         return weighted_mean(updates, c), jnp.zeros((), jnp.int32)
@@ -292,8 +259,8 @@ def moreau_solve(updates: PyTree, coeffs: jax.Array, psi: str = "l2", delta=0.1,
     if method == "irls":
         return weiszfeld_solve(updates, c, delta, num_iters=num_iters, tol=tol,
                                coordinatewise=psi == "l1")
-    _check_int("num_iters", num_iters, lo=0)
-    _check_float("tol", tol, lo=0.0)
+    check_int("num_iters", num_iters, lo=0)
+    check_number("tol", tol, lo=0.0)
     U = _zero_rows(updates, c)
     p = c / jnp.maximum(jnp.sum(c), 1e-30)
     w_mean = _contract(p, U)
@@ -309,7 +276,7 @@ def moreau_objective(updates: PyTree, coeffs: jax.Array, w: PyTree, psi: str = "
                      delta=0.1) -> jax.Array:
     """``G(w) = sum_k c_k Psi_hat(u_k - w) / (sigma sum_k c_k)``: the objective
     (in units of ``sigma``) the Moreau aggregate minimizes (spec §1.5, §1.7)."""
-    _check_choice("psi", psi, PSI)
+    check_choice("psi", psi, PSI)
     c = _coeffs(coeffs)
     diff = _zero_rows(jax.tree.map(lambda u, wl: u - wl[None], updates, w), c)
     sq = _row_sq_norms(diff)
@@ -360,11 +327,12 @@ def moreau(psi: str = "l2", delta=0.1, *, method: str = "irls",
       ValueError: for an unknown ``psi``/``method``, a bad ``num_iters``, or a
         concrete ``delta``/``tol`` out of range.
     """
-    _check_choice("psi", psi, PSI)
-    _check_choice("method", method, METHODS)
-    _check_float("delta", delta, lo=0.0, lo_open=psi in ("l2", "l1"))
-    _check_float("tol", tol, lo=0.0)
-    _check_int("num_iters", num_iters, lo=1, allow_none=True)
+    check_choice("psi", psi, PSI)
+    check_choice("method", method, METHODS)
+    check_number("delta", delta, lo=0.0, lo_open=psi in ("l2", "l1"))
+    check_number("tol", tol, lo=0.0)
+    check_int("num_iters", num_iters, lo=1, allow_none=True)
+    check_choice("weighted", weighted, (True, False))
 
     def coefficients(weights, mask):
         return mask * weights if weighted else mask

@@ -18,13 +18,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from fedjax_pfl.validation import check_choice, check_int, check_number
+
 from ._mean import Aggregator, weighted_mean
 from ._moreau import (
     IterationState,
-    _check_float,
-    _check_int,
     _contract,
-    _is_concrete,
     _iteration_state,
     _num_rows,
     _row_sq_norms,
@@ -42,6 +41,7 @@ def _stateless(params) -> tuple:
 
 
 def _coefficients(weighted: bool):
+    check_choice("weighted", weighted, (True, False))
     def coefficients(weights, mask):
         return (mask > 0) * weights if weighted else (mask > 0).astype(jnp.float32)
 
@@ -139,8 +139,8 @@ def trimmed_mean(beta=0.1, *, weighted: bool = False) -> Aggregator:
       beta: trimmed fraction per side, in ``[0, 0.5)`` (may be traced).
       weighted: weight the kept values by the clients' weights.
     """
-    if _is_concrete(beta) and not 0 <= float(beta) < 0.5:
-        raise ValueError(f"beta: must be a number in [0, 0.5), got {beta!r}")
+    check_number("beta", beta, lo=0.0, hi=0.5, hi_open=True, scalar=True)
+    check_choice("weighted", weighted, (True, False))
 
     def aggregate(state, updates, weights, mask, key, losses=None):
         del key, losses
@@ -211,8 +211,9 @@ def multi_krum(f: int, m_select: int | None = None, *,
         ``n - f`` (the Ditto code's choice). ``m_select = 1`` is Krum.
       weighted: weight the selected updates by their clients' weights.
     """
-    _check_int("f", f, lo=0)
-    _check_int("m_select", m_select, lo=1, allow_none=True)
+    check_int("f", f, lo=0)
+    check_int("m_select", m_select, lo=1, allow_none=True)
+    check_choice("weighted", weighted, (True, False))
 
     def aggregate(state, updates, weights, mask, key, losses=None):
         del key, losses
@@ -260,9 +261,9 @@ def geometric_median(nu=1e-6, *, num_iters: int = 100, tol=1e-6,
       tol: stop once ``||z_new - z|| <= tol (1 + ||z||)`` (may be traced).
       weighted: weight by the clients' weights (RFA's ``alpha_k``).
     """
-    _check_float("nu", nu, lo=0.0, lo_open=True)
-    _check_int("num_iters", num_iters, lo=1)
-    _check_float("tol", tol, lo=0.0)
+    check_number("nu", nu, lo=0.0, lo_open=True)
+    check_int("num_iters", num_iters, lo=1)
+    check_number("tol", tol, lo=0.0)
     coefficients = _coefficients(weighted)
 
     def aggregate(state, updates, weights, mask, key, losses=None):
@@ -303,6 +304,9 @@ def norm_clipping(then: Aggregator | None = None, *,
         ``needs_losses`` are carried over.
       weighted: for the default mean, weight by the clients' weights.
     """
+    if then is not None and not isinstance(then, Aggregator):
+        raise ValueError(f"then: must be an Aggregator or None, got "
+                         f"{type(then).__name__}")
     coefficients = _coefficients(weighted)
 
     def aggregate(state, updates, weights, mask, key, losses=None):
@@ -341,7 +345,7 @@ def k_norm(k: int, *, weighted: bool = False) -> Aggregator:
         the largest.
       weighted: weight the kept updates by the clients' weights.
     """
-    _check_int("k", k, lo=0)
+    check_int("k", k, lo=0)
     coefficients = _coefficients(weighted)
 
     def aggregate(state, updates, weights, mask, key, losses=None):
@@ -378,7 +382,7 @@ def k_loss(k: int) -> Aggregator:
       k: number of largest losses skipped (static int ``>= 0``, below the cohort
         size).
     """
-    _check_int("k", k, lo=0)
+    check_int("k", k, lo=0)
 
     def aggregate(state, updates, weights, mask, key, losses=None):
         del weights, key
@@ -463,8 +467,8 @@ def fedmgda_plus(epsilon=0.1, *, num_iters: int = 200) -> Aggregator:
         may be traced).
       num_iters: projected-gradient iterations (static int ``>= 1``).
     """
-    _check_float("epsilon", epsilon, lo=0.0)
-    _check_int("num_iters", num_iters, lo=1)
+    check_number("epsilon", epsilon, lo=0.0)
+    check_int("num_iters", num_iters, lo=1)
 
     def aggregate(state, updates, weights, mask, key, losses=None):
         del weights, key, losses

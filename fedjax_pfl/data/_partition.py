@@ -20,15 +20,17 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from fedjax_pfl.validation import (
+    check_choice,
+    check_count,
+    check_int,
+    check_nonnegative,
+    check_positive,
+)
+
 from ._federated import FederatedData, split_clients
 
 Fractions = tuple[float, float, float]
-
-
-def _check_positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name}: must be a positive integer, got {value!r}")
-    return int(value)
 
 
 def _labels(y, num_classes: int | None) -> tuple[np.ndarray, int]:
@@ -40,6 +42,7 @@ def _labels(y, num_classes: int | None) -> tuple[np.ndarray, int]:
     if y.size and y.min() < 0:
         raise ValueError("y: labels must be non-negative")
     inferred = int(y.max()) + 1 if y.size else 0
+    check_int("num_classes", num_classes, lo=1, allow_none=True)
     if num_classes is None:
         num_classes = inferred
     elif num_classes < inferred:
@@ -89,6 +92,7 @@ def natural(
       min_size: drop clients with fewer rows than this.
       seed: seed of the per-client shuffle before splitting.
     """
+    min_size = check_count("min_size", min_size)
     keys = np.asarray(client_keys)
     if keys.shape[:1] != np.asarray(y).shape[:1]:
         raise ValueError(
@@ -110,7 +114,8 @@ def natural(
 
 def iid_indices(num_examples: int, num_clients: int, *, seed: int = 0) -> list:
     """A seeded shuffle cut into ``num_clients`` near-equal parts."""
-    num_clients = _check_positive_int("num_clients", num_clients)
+    num_examples = check_count("num_examples", num_examples)
+    num_clients = check_int("num_clients", num_clients, lo=1)
     if num_examples < num_clients:
         raise ValueError(
             f"num_clients: {num_clients} clients need at least as many examples, "
@@ -158,8 +163,10 @@ def k_classes_indices(
       ValueError: when a client would end up with no data.
     """
     y, num_classes = _labels(y, num_classes)
-    num_clients = _check_positive_int("num_clients", num_clients)
-    k = _check_positive_int("classes_per_client", classes_per_client)
+    num_clients = check_int("num_clients", num_clients, lo=1)
+    k = check_int("classes_per_client", classes_per_client, lo=1)
+    check_choice("balance", balance, (True, False))
+    check_nonnegative("least_samples", least_samples)
     if k > num_classes:
         raise ValueError(
             f"classes_per_client: must be <= num_classes ({num_classes}), got {k}"
@@ -245,9 +252,10 @@ def dirichlet_indices(
       ValueError: on bad arguments, or if ``max_tries`` draws all fail.
     """
     y, num_classes = _labels(y, num_classes)
-    num_clients = _check_positive_int("num_clients", num_clients)
-    if not alpha > 0:
-        raise ValueError(f"alpha: must be > 0, got {alpha!r}")
+    num_clients = check_int("num_clients", num_clients, lo=1)
+    check_positive("alpha", alpha)
+    min_size = check_count("min_size", min_size)
+    max_tries = check_int("max_tries", max_tries, lo=1)
     if min_size * num_clients > len(y):
         raise ValueError(
             f"min_size: {num_clients} clients x {min_size} rows exceeds the "
@@ -328,9 +336,11 @@ def class_subset_lognormal_indices(
     Returns:
       ``(train_indices, test_indices)``: per-client index arrays into each split.
     """
-    ks = np.asarray(classes_per_client, dtype=np.int64)
-    if ks.ndim != 1 or ks.size == 0:
-        raise ValueError("classes_per_client: need one class count per client")
+    ks = np.asarray(classes_per_client)
+    if ks.ndim != 1 or ks.size == 0 or ks.dtype.kind not in "iu":
+        raise ValueError("classes_per_client: need one integer class count per "
+                         f"client, got {classes_per_client!r}")
+    ks = ks.astype(np.int64)
     y_train, c_tr = _labels(y_train, num_classes)
     y_test, c_te = _labels(y_test, num_classes)
     num_classes = max(c_tr, c_te)
@@ -339,8 +349,7 @@ def class_subset_lognormal_indices(
             f"classes_per_client: each must be in [1, {num_classes}], got "
             f"{ks.min()}..{ks.max()}"
         )
-    if sigma < 0:
-        raise ValueError(f"sigma: must be >= 0, got {sigma!r}")
+    check_nonnegative("sigma", sigma)
     rng = np.random.default_rng(seed)
     n_clients = len(ks)
     starts = rng.permutation(n_clients) % num_classes

@@ -12,10 +12,11 @@ from typing import NamedTuple
 
 import numpy as np
 
+from fedjax_pfl.validation import check_choice, check_int, check_number
+
 from ._federated import FederatedData, from_client_arrays, split_clients
 from ._partition import (
     Fractions,
-    _check_positive_int,
     _labels,
     class_subset_lognormal_indices,
     client_arrays,
@@ -54,8 +55,8 @@ def ditto_fmnist_indices(
     y_tr, c_tr = _labels(train_labels, num_classes)
     y_te, c_te = _labels(test_labels, num_classes)
     num_classes = max(c_tr, c_te)
-    num_clients = _check_positive_int("num_clients", num_clients)
-    k = _check_positive_int("classes_per_client", classes_per_client)
+    num_clients = check_int("num_clients", num_clients, lo=1)
+    k = check_int("classes_per_client", classes_per_client, lo=1)
     if k > num_classes:
         raise ValueError(
             f"classes_per_client: must be <= num_classes ({num_classes}), got {k}"
@@ -106,8 +107,8 @@ def standardize_pixels(x_train, *others, eps: float = 0.001):
 
 def _carve_val(pairs, val_fraction):
     """Moves the last ``floor(val_fraction * n)`` rows of each client (>= 1 kept)."""
-    if not 0.0 <= val_fraction < 1.0:
-        raise ValueError(f"val_fraction: must be in [0, 1), got {val_fraction!r}")
+    check_number("val_fraction", val_fraction, lo=0.0, hi=1.0, hi_open=True,
+                 scalar=True)
     train, val = [], []
     for x, y in pairs:
         n_val = min(int(np.floor(val_fraction * len(y))), len(y) - 1)
@@ -230,9 +231,8 @@ _LINDT_SIGMA = {
 
 def lindt_classes_per_client(scheme: str, num_clients: int = 100) -> np.ndarray:
     """``[N]`` classes per client: Mixed = 50 % / 30 % / 20 % with 10 / 5 / 2."""
-    if scheme not in LINDT_SCHEMES:
-        raise ValueError(f"scheme: must be one of {LINDT_SCHEMES}, got {scheme!r}")
-    num_clients = _check_positive_int("num_clients", num_clients)
+    check_choice("scheme", scheme, LINDT_SCHEMES)
+    num_clients = check_int("num_clients", num_clients, lo=1)
     if scheme == "mixed":
         n10, n5 = round(0.5 * num_clients), round(0.3 * num_clients)
         return np.array([10] * n10 + [5] * n5 + [2] * (num_clients - n10 - n5))
@@ -317,17 +317,13 @@ def fedplus_mnist(
     all are flattened to ``[n, 784]`` float32 (for logistic regression). Pass the
     60k train split (or the pooled 70k: the paper does not say which).
     """
-    num_clients = _check_positive_int("num_clients", num_clients)
+    num_clients = check_int("num_clients", num_clients, lo=1)
     y, num_classes = _labels(y, None)
     if negate_fraction is None:
         negate_fraction = 0.1 if num_clients <= 10 else 0.2
-    if not 0.0 <= negate_fraction <= 1.0:
-        raise ValueError(f"negate_fraction: must be in [0, 1], got {negate_fraction}")
-    if not 0 <= noisy_classes_per_client <= num_classes:
-        raise ValueError(
-            f"noisy_classes_per_client: must be in [0, {num_classes}], got "
-            f"{noisy_classes_per_client}"
-        )
+    check_number("negate_fraction", negate_fraction, lo=0.0, hi=1.0, scalar=True)
+    check_int("noisy_classes_per_client", noisy_classes_per_client, lo=0,
+              hi=num_classes)
     x = np.asarray(x).reshape(len(y), -1)
     x = x.astype(np.float32) / (255.0 if np.issubdtype(x.dtype, np.integer) else 1.0)
     rng = np.random.default_rng(seed)
@@ -376,9 +372,9 @@ def fedplus_synthetic_regression(
     ``N(0, s)`` read ``s`` as a variance (the spec's recommendation). Targets are
     ``[n, 1]``; split 50/50 train/test.
     """
-    num_clients = _check_positive_int("num_clients", num_clients)
-    dim = _check_positive_int("dim", dim)
-    n = _check_positive_int("samples_per_client", samples_per_client)
+    num_clients = check_int("num_clients", num_clients, lo=1)
+    dim = check_int("dim", dim, lo=1)
+    n = check_int("samples_per_client", samples_per_client, lo=1)
     rng = np.random.default_rng(seed)
     cov = (((np.arange(1, dim + 1) - 1) % 50) + 1.0) ** -1.1
     w_bar = rng.normal(0.0, np.sqrt(5.0), dim)

@@ -7,6 +7,14 @@ from typing import NamedTuple
 
 import numpy as np
 
+from fedjax_pfl.validation import (
+    check_choice,
+    check_count,
+    check_int,
+    check_nonnegative,
+    check_number,
+)
+
 from ._federated import FederatedData, from_client_arrays, split_clients
 
 
@@ -39,10 +47,12 @@ def fedprox_synthetic(
     """
     for name, v in (("num_clients", num_clients), ("dim", dim),
                     ("num_classes", num_classes)):
-        if not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name}: must be a positive integer, got {v!r}")
-    if alpha < 0 or beta < 0:
-        raise ValueError(f"alpha, beta: must be >= 0, got {alpha!r}, {beta!r}")
+        check_int(name, v, lo=1)
+    check_nonnegative("alpha", alpha)
+    check_nonnegative("beta", beta)
+    check_choice("iid", iid, (True, False))
+    min_size = check_count("min_size", min_size)
+    check_int("max_size", max_size, lo=1, allow_none=True)
     rng = np.random.default_rng(seed)
     sizes = rng.lognormal(*size_lognormal, num_clients).astype(int) + min_size
     if max_size is not None:
@@ -94,10 +104,12 @@ def point_estimation_problem(
     :func:`fedjax_pfl.models.mean_model` loss ``0.5 (w - x)^2`` the local optimum is
     the sample mean. Features are a dummy zero column; targets are ``[n, 1]``.
     """
-    if not 0 <= num_malicious < num_clients:
-        raise ValueError(
-            f"num_malicious: must be in [0, num_clients), got {num_malicious}"
-        )
+    num_clients = check_int("num_clients", num_clients, lo=1)
+    check_int("num_malicious", num_malicious, lo=0, hi=num_clients - 1)
+    n = check_int("n", n, lo=1)
+    for name, v in (("sigma", sigma), ("tau", tau), ("tau_a", tau_a)):
+        check_nonnegative(name, v)
+    check_number("theta", theta)
     rng = np.random.default_rng(seed)
     stds = np.where(np.arange(num_clients) < num_malicious, tau_a, tau)
     w = theta + rng.normal(size=num_clients) * stds
@@ -140,8 +152,15 @@ def linear_regression_problem(
     ``0.5 (x.w - y)^2`` averaged over n, Ditto's solution has the closed form of
     eq. (31) of the paper.
     """
+    num_clients = check_int("num_clients", num_clients, lo=1)
+    check_int("num_malicious", num_malicious, lo=0, hi=num_clients)
+    dim = check_int("dim", dim, lo=1)
+    n = check_int("n", n, lo=1)
     if n < dim:
         raise ValueError(f"n: need n >= dim ({dim}) for X^T X = beta I, got {n}")
+    check_number("beta", beta, lo=0.0, lo_open=True)
+    for name, v in (("sigma", sigma), ("tau", tau), ("tau_a", tau_a)):
+        check_nonnegative(name, v)
     rng = np.random.default_rng(seed)
     stds = np.where(np.arange(num_clients) < num_malicious, tau_a, tau)
     w = rng.normal(size=(num_clients, dim)) * stds[:, None]

@@ -29,7 +29,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedjax_pfl.core._clients import check_positive
+from fedjax_pfl.validation import (
+    check_choice,
+    check_count,
+    check_int,
+    check_positive,
+)
 
 EPS, R_PRIME, STOP_STREAK = 0.1, 250, 10  # the paper's defaults (Fig. 3b, App. C.7)
 
@@ -74,9 +79,9 @@ def nfl_verdict(betas, window: int = 10) -> dict:
     """
     b = np.asarray(betas, np.float64)
     if b.ndim != 1 or b.size == 0:
-        raise ValueError(f"betas: must be a non-empty 1-D sequence, got shape {b.shape}")
-    if not isinstance(window, int) or window < 1:
-        raise ValueError(f"window: must be a positive integer, got {window!r}")
+        raise ValueError("betas: must be a non-empty 1-D sequence, got shape "
+                         f"{b.shape}")
+    window = check_int("window", window, lo=1)
     tail = b[-window:]
     neg = np.where(b < 0)[0]
     settled = None if b[-1] < 0 else (int(neg[-1]) + 1 if neg.size else 0)
@@ -150,8 +155,7 @@ def private_accuracy(model, data, key, *, client_lr=0.1, num_local_steps=10,
     from fedjax_pfl.algorithms import local_only
     from fedjax_pfl.core import simulate
 
-    if select not in ("best", "last"):
-        raise ValueError(f"select: must be 'best' or 'last', got {select!r}")
+    check_choice("select", select, ("best", "last"))
     alg = local_only(model, client_lr=client_lr, num_local_steps=num_local_steps,
                      batch_size=batch_size, cohort="full", engine=engine)
     acc = deployed_accuracy_fn(alg, split=split)
@@ -243,8 +247,7 @@ def detection_round(deltas, *, eps=EPS, r_prime=R_PRIME) -> int | None:
     """Host-side reference: the 1-based round at which a stream of ``Delta``
     values raises the flag (``None`` if it never does)."""
     check_positive("eps", eps)
-    if not isinstance(r_prime, (int, np.integer)) or r_prime < 0:
-        raise ValueError(f"r_prime: must be a non-negative integer, got {r_prime!r}")
+    r_prime = check_count("r_prime", r_prime)
     count = 0
     for r, d in enumerate(np.asarray(deltas, np.float64), start=1):
         count += int(d > eps)

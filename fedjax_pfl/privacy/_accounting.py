@@ -12,6 +12,11 @@ local step. FedFDP (Theorem 2) adds one Poisson(q)-subsampled Gaussian with
 Gaussian per round on the cohort mean, subsampled with rate ``cohort/clients``
 (the Poisson approximation of a fixed-size cohort, as in McMahan et al. 2018), or
 exactly as a fixed-size cohort without replacement (replace-one adjacency).
+
+Every function checks its arguments first (``fedjax_pfl.validation``) and raises a
+``ValueError`` naming the argument: rates in (0, 1], positive noise
+multipliers, delta in (0, 1), non-negative integer counts of rounds and steps
+(a negative count, a float or a bool is refused, never rounded).
 """
 
 from __future__ import annotations
@@ -22,6 +27,14 @@ import dp_accounting
 import numpy as np
 from dp_accounting import pld, rdp
 
+from fedjax_pfl.validation import (
+    check_choice,
+    check_count,
+    check_int,
+    check_number,
+    check_probability,
+)
+
 ACCOUNTANTS = ("rdp", "pld")
 # The spec's recommended rich set (§13.6): 1.1..10.9 by 0.1, 11..63, 128/256/512.
 DEFAULT_ORDERS = tuple(float(np.round(a, 1)) for a in np.arange(1.1, 10.95, 0.1)) + \
@@ -30,34 +43,43 @@ DEFAULT_ORDERS = tuple(float(np.round(a, 1)) for a in np.arange(1.1, 10.95, 0.1)
 INTEGER_ORDERS = tuple(float(a) for a in range(2, 64)) + (128.0, 256.0, 512.0)
 
 
-def _check(name, value, low, high=None, integer=False):
-    v = np.asarray(value, dtype=np.float64)
-    ok = v.ndim == 0 and np.isfinite(v) and v > low and (high is None or v <= high)
-    if integer:
-        ok = ok and float(v).is_integer()
-    if not ok:
-        rng = f"({low}, {high}]" if high is not None else f"> {low}"
-        kind = "an integer " if integer else ""
-        raise ValueError(f"{name}: must be {kind}{rng}, got {value!r}")
+def _check_delta(delta) -> None:
+    check_number("delta", delta, lo=0.0, hi=1.0, lo_open=True, hi_open=True,
+                 scalar=True)
 
 
-def _check_count(name, value):
-    if not isinstance(value, (int, np.integer)) or value < 0:
-        raise ValueError(f"{name}: must be a non-negative integer, got {value!r}")
+def _check_multiplier(name: str, value) -> None:
+    check_number(name, value, lo=0.0, lo_open=True, scalar=True)
+
+
+def _check_accountant(accountant, orders, pld_discretization) -> None:
+    """The options of :func:`epsilon` (shared with ``Monitor``)."""
+    check_choice("accountant", accountant, ACCOUNTANTS)
+    if orders is not None:
+        if isinstance(orders, (str, bytes)) or not hasattr(orders, "__len__") \
+                or len(orders) == 0:
+            raise ValueError(f"orders: must be a non-empty sequence of RDP orders "
+                             f"> 1, got {orders!r}")
+        check_number("orders", list(orders), lo=1.0, lo_open=True)
+    check_number("pld_discretization", pld_discretization, lo=0.0, lo_open=True,
+                 scalar=True)
 
 
 def sampled_gaussian_event(sampling_rate: float, noise_multiplier: float,
                            count: int) -> dp_accounting.DpEvent:
     """``count`` compositions of the Poisson(``sampling_rate``)-subsampled
     Gaussian mechanism with noise multiplier ``noise_multiplier`` (sensitivity 1,
-    noise std ``noise_multiplier``)."""
-    _check("sampling_rate", sampling_rate, 0.0, 1.0)
-    _check("noise_multiplier", noise_multiplier, 0.0)
-    _check_count("count", count)
+    noise std ``noise_multiplier``). ``count = 0`` is ``NoOpDpEvent`` (epsilon 0;
+    ``dp_accounting`` refuses a zero-fold composition)."""
+    check_probability("sampling_rate", sampling_rate)
+    _check_multiplier("noise_multiplier", noise_multiplier)
+    count = check_count("count", count)
+    if count == 0:
+        return dp_accounting.NoOpDpEvent()
     one = dp_accounting.GaussianDpEvent(float(noise_multiplier))
     if sampling_rate < 1.0:
         one = dp_accounting.PoissonSampledDpEvent(float(sampling_rate), one)
-    return dp_accounting.SelfComposedDpEvent(one, int(count))
+    return dp_accounting.SelfComposedDpEvent(one, count)
 
 
 def dp_sgd_event(sampling_rate: float, noise_multiplier: float, num_rounds: int,
@@ -65,8 +87,10 @@ def dp_sgd_event(sampling_rate: float, noise_multiplier: float, num_rounds: int,
     """A client's sample-level DP-SGD over ``num_rounds`` rounds of
     ``num_local_steps`` Poisson-sampled steps (every round counted: no
     amplification by cohort sampling is claimed)."""
+    num_rounds = check_count("num_rounds", num_rounds)
+    num_local_steps = check_count("num_local_steps", num_local_steps)
     return sampled_gaussian_event(sampling_rate, noise_multiplier,
-                                  int(num_rounds) * int(num_local_steps))
+                                  num_rounds * num_local_steps)
 
 
 def fedfdp_event(sampling_rate: float, noise_multiplier: float, num_rounds: int,
@@ -75,10 +99,12 @@ def fedfdp_event(sampling_rate: float, noise_multiplier: float, num_rounds: int,
     """FedFDP's Theorem 2: the gradient steps composed with one loss release per
     round (Poisson(q) batch, multiplier ``loss_noise_multiplier``); ``None``
     leaves the loss out (the authors' code, which under-counts)."""
+    if loss_noise_multiplier is not None:
+        _check_multiplier("loss_noise_multiplier", loss_noise_multiplier)
     grad = dp_sgd_event(sampling_rate, noise_multiplier, num_rounds, num_local_steps)
     if loss_noise_multiplier is None:
         return grad
-    loss = sampled_gaussian_event(sampling_rate, loss_noise_multiplier, int(num_rounds))
+    loss = sampled_gaussian_event(sampling_rate, loss_noise_multiplier, num_rounds)
     return dp_accounting.ComposedDpEvent([grad, loss])
 
 
@@ -102,22 +128,20 @@ def client_level_event(cohort_size: int, num_clients: int, noise_multiplier: flo
         sensitivity is ``2 S``, so the event's multiplier is ``z / 2``;
         :func:`epsilon` then uses the replace-one RDP accountant (no PLD).
     """
-    if not (isinstance(cohort_size, int) and isinstance(num_clients, int)
-            and 0 < cohort_size <= num_clients):
-        raise ValueError(f"cohort_size: must be an integer in [1, num_clients], got "
-                         f"{cohort_size!r} (num_clients={num_clients!r})")
+    num_clients = check_int("num_clients", num_clients, lo=1)
+    cohort_size = check_int("cohort_size", cohort_size, lo=1, hi=num_clients)
+    num_rounds = check_count("num_rounds", num_rounds)
+    check_choice("sampling", sampling, COHORT_SAMPLINGS)
     if sampling == "poisson":
         return sampled_gaussian_event(cohort_size / num_clients, noise_multiplier,
-                                      int(num_rounds))
-    if sampling != "fixed_size":
-        raise ValueError(f"sampling: must be one of {COHORT_SAMPLINGS}, got "
-                         f"{sampling!r}")
-    _check("noise_multiplier", noise_multiplier, 0.0)
-    _check_count("num_rounds", num_rounds)
+                                      num_rounds)
+    _check_multiplier("noise_multiplier", noise_multiplier)
+    if num_rounds == 0:
+        return dp_accounting.NoOpDpEvent()
     one = dp_accounting.SampledWithoutReplacementDpEvent(
         num_clients, cohort_size,
         dp_accounting.GaussianDpEvent(float(noise_multiplier) / 2.0))
-    return dp_accounting.SelfComposedDpEvent(one, int(num_rounds))
+    return dp_accounting.SelfComposedDpEvent(one, num_rounds)
 
 
 def _replace_one(event: dp_accounting.DpEvent) -> bool:
@@ -143,21 +167,21 @@ def epsilon(event: dp_accounting.DpEvent, delta: float, *, accountant: str = "rd
       orders: RDP orders (``INTEGER_ORDERS`` reproduces the spec's table).
       pld_discretization: PLD ``value_discretization_interval``.
     """
-    _check("delta", delta, 0.0, 1.0)
-    if delta >= 1.0:
-        raise ValueError(f"delta: must be in (0, 1), got {delta!r}")
+    if not isinstance(event, dp_accounting.DpEvent):
+        raise ValueError(f"event: must be a dp_accounting.DpEvent, got "
+                         f"{type(event).__name__}")
+    _check_delta(delta)
+    _check_accountant(accountant, orders, pld_discretization)
     if accountant == "rdp":
         rel = dp_accounting.NeighboringRelation
         rel = rel.REPLACE_ONE if _replace_one(event) else rel.ADD_OR_REMOVE_ONE
         acc = rdp.RdpAccountant(list(orders or DEFAULT_ORDERS), rel)
-    elif accountant == "pld":
+    else:
         if _replace_one(event):
             raise ValueError("accountant: 'pld' does not account sampling without "
                              "replacement (client_level_event(sampling="
                              "'fixed_size')); use 'rdp'")
         acc = pld.PLDAccountant(value_discretization_interval=pld_discretization)
-    else:
-        raise ValueError(f"accountant: must be one of {ACCOUNTANTS}, got {accountant!r}")
     return float(acc.compose(event).get_epsilon(float(delta)))
 
 
@@ -170,7 +194,12 @@ def max_rounds(target_epsilon: float, delta: float,
 
     Example: ``max_rounds(3.52, 1e-5, lambda t: fedfdp_event(0.05, 2.0, t, 5.0))``.
     """
-    _check("target_epsilon", target_epsilon, 0.0)
+    check_number("target_epsilon", target_epsilon, lo=0.0, lo_open=True,
+                 scalar=True)
+    _check_delta(delta)
+    if not callable(event_fn):
+        raise ValueError(f"event_fn: must be callable, got {event_fn!r}")
+    upper = check_int("upper", upper, lo=1)
 
     def ok(t):
         return epsilon(event_fn(t), delta, **epsilon_kwargs) <= target_epsilon

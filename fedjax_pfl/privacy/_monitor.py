@@ -8,9 +8,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import dp_accounting
-import numpy as np
 
-from ._accounting import ACCOUNTANTS, _check, epsilon, max_rounds
+from fedjax_pfl.validation import check_count, check_int, check_number
+
+from ._accounting import _check_accountant, _check_delta, epsilon, max_rounds
 
 
 class Monitor:
@@ -52,18 +53,11 @@ class Monitor:
                  pld_discretization: float = 1e-4):
         if not callable(event_fn):
             raise ValueError(f"event_fn: must be callable, got {event_fn!r}")
-        _check("delta", delta, 0.0, 1.0)
-        if delta >= 1.0:
-            raise ValueError(f"delta: must be in (0, 1), got {delta!r}")
+        _check_delta(delta)
         if target_epsilon is not None:
-            _check("target_epsilon", target_epsilon, 0.0)
-        if accountant not in ACCOUNTANTS:
-            raise ValueError(f"accountant: must be one of {ACCOUNTANTS}, got "
-                             f"{accountant!r}")
-        if orders is not None and (len(orders) == 0
-                                   or not all(float(a) > 1.0 for a in orders)):
-            raise ValueError(f"orders: must be RDP orders > 1, got {orders!r}")
-        _check("pld_discretization", pld_discretization, 0.0)
+            check_number("target_epsilon", target_epsilon, lo=0.0, lo_open=True,
+                         scalar=True)
+        _check_accountant(accountant, orders, pld_discretization)
         self.event_fn = event_fn
         self.delta = float(delta)
         self.target_epsilon = None if target_epsilon is None else float(target_epsilon)
@@ -90,9 +84,7 @@ class Monitor:
 
     def epsilon(self, rounds: int) -> float:
         """Epsilon after ``rounds`` rounds (0 for 0 rounds); cached."""
-        if not isinstance(rounds, (int, np.integer)) or rounds < 0:
-            raise ValueError(f"rounds: must be a non-negative integer, got {rounds!r}")
-        rounds = int(rounds)
+        rounds = check_count("rounds", rounds)
         if rounds not in self._cache:
             self._cache[rounds] = 0.0 if rounds == 0 else epsilon(
                 self._event(rounds), self.delta, **self._kwargs())
@@ -101,7 +93,10 @@ class Monitor:
     def allows(self, rounds: int) -> bool:
         """Whether ``rounds`` rounds stay within ``target_epsilon`` (always True
         without a target)."""
-        return self.target_epsilon is None or self.epsilon(rounds) <= self.target_epsilon
+        if self.target_epsilon is None:
+            check_count("rounds", rounds)
+            return True
+        return self.epsilon(rounds) <= self.target_epsilon
 
     def metrics(self, rounds: int) -> dict[str, float]:
         """The columns added to a history row at round ``rounds``."""
@@ -112,6 +107,7 @@ class Monitor:
         evaluation grid)."""
         if self.target_epsilon is None:
             raise ValueError("target_epsilon: max_rounds needs a target")
+        upper = check_int("upper", upper, lo=1)
         return max_rounds(self.target_epsilon, self.delta, self._event, upper=upper,
                           **self._kwargs())
 

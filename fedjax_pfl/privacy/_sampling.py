@@ -6,14 +6,15 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from fedjax_pfl.core._clients import is_concrete
+from fedjax_pfl.validation import check_count, check_probability
 
 
 def default_max_batch_size(q: float, n: int) -> int:
     """``min(n, ceil(q n + 6 sqrt(q n) + 1))``: the static cap of a Poisson(q)
     batch from ``n`` examples (spec §4.4); see :func:`truncation_probability`."""
+    check_probability("q", q)
+    n = check_count("n", n)
     mu = q * n
     return int(min(n, math.ceil(mu + 6.0 * math.sqrt(mu) + 1.0)))
 
@@ -21,6 +22,9 @@ def default_max_batch_size(q: float, n: int) -> int:
 def truncation_probability(q: float, n: int, max_batch_size: int) -> float:
     """``P(Binomial(n, q) > max_batch_size)``: the chance that one step's Poisson
     batch is truncated (on the host, with scipy)."""
+    check_probability("q", q)
+    n = check_count("n", n)
+    max_batch_size = check_count("max_batch_size", max_batch_size)
     from scipy.stats import binom
 
     return float(binom.sf(max_batch_size, n, q))
@@ -38,6 +42,9 @@ def poisson_batch_indices(split, client, key, *, q, num_steps: int,
     (should be 0; a truncation changes the sampling distribution, so report it).
     An empty batch is allowed (all-zero mask).
     """
+    check_probability("q", q)
+    num_steps = check_count("num_steps", num_steps)
+    max_batch_size = check_count("max_batch_size", max_batch_size)
     m = split.max_count
     count = split.counts[client]
     u = jax.random.uniform(key, (num_steps, m))
@@ -51,8 +58,6 @@ def poisson_batch_indices(split, client, key, *, q, num_steps: int,
 
 
 def check_rate(name: str, q) -> None:
-    if not is_concrete(q):  # a traced rate cannot be checked on the host
-        return
-    arr = np.asarray(q, dtype=np.float64)
-    if arr.ndim != 0 or not (0.0 < float(arr) <= 1.0):
-        raise ValueError(f"{name}: must be a probability in (0, 1], got {q!r}")
+    """``ValueError`` unless the sampling rate ``q`` is a probability in (0, 1]
+    (a traced rate is not checked). Kept for the DP algorithms that import it."""
+    check_probability(name, q)

@@ -337,6 +337,40 @@ def test_validation_names_the_argument():
             bad()
 
 
+@pytest.mark.parametrize("bad, match", [
+    (lambda: A.trimmed_mean("0.1"), "beta: must be a number"),
+    (lambda: A.trimmed_mean(float("nan")), "beta: must be a finite number"),
+    (lambda: A.trimmed_mean(jnp.ones(2) * 0.1), "beta: must be a scalar"),
+    (lambda: A.multi_krum(1.5), "f: must be an integer >= 0"),
+    (lambda: A.multi_krum(True), "f: must be an integer"),
+    (lambda: A.krum(None), "f: must be an integer"),
+    (lambda: A.geometric_median(num_iters=10.0), "num_iters: must be an integer"),
+    (lambda: A.geometric_median(tol=float("inf")), "tol: must be a finite number"),
+    (lambda: A.fedmgda_plus("0.1"), "epsilon: must be a number"),
+    (lambda: A.k_loss(-1), "k: must be an integer >= 0"),
+    (lambda: A.mean(weighted="yes"), "weighted: must be one of"),
+    (lambda: A.tilted_mean(float("nan")), "t: must be a finite number"),
+    (lambda: A.tilted_mean(1.0, weighted=1), "weighted: must be one of"),
+    (lambda: A.norm_clipping(A.mean), "then: must be an Aggregator"),
+    (lambda: A.k_norm(1, weighted=None), "weighted: must be one of"),
+    (lambda: A.moreau("l2", 0.1, weighted="no"), "weighted: must be one of"),
+    (lambda: A.moreau("l2", "0.1"), "delta: must be a number"),
+    (lambda: A.moreau(None), "psi: must be one of"),
+])
+def test_wrong_types_and_values_are_refused_with_the_argument_name(bad, match):
+    with pytest.raises(ValueError, match=match):
+        bad()
+
+
+def test_traced_hyperparameters_are_not_checked():
+    # a sweep passes traced floats: no host-side check may run on them
+    jax.jit(lambda b: A.trimmed_mean(b).aggregate(
+        (), _tree(X7), jnp.ones(7), jnp.ones(7), None)[0])(jnp.float32(0.2))
+    jax.jit(lambda t: A.tilted_mean(t).aggregate(
+        (), _tree(X7), jnp.ones(7), jnp.ones(7), None, jnp.ones(7))[0])(
+            jnp.float32(1.0))
+
+
 # ------------------------------------------------- composition and robustness
 
 MODEL = models.logistic_regression((6,), 3)

@@ -352,3 +352,38 @@ def test_partitioners_are_deterministic(name):
     a, b = make(1), make(2)
     with pytest.raises(AssertionError):
         _federated_equal(a, b)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda y: fdata.iid_indices(100, 0), "num_clients: must be an integer >= 1"),
+    (lambda y: fdata.iid_indices(100, 2.0), "num_clients: must be an integer"),
+    (lambda y: fdata.iid_indices(100, True), "num_clients: must be an integer"),
+    (lambda y: fdata.iid_indices(-1, 2), "num_examples: must be an integer >= 0"),
+    (lambda y: fdata.dirichlet_indices(y, 5, "0.1"), "alpha: must be a number"),
+    (lambda y: fdata.dirichlet_indices(y, 5, float("nan")), "alpha: must be positive"),
+    (lambda y: fdata.dirichlet_indices(y, 5, 0.1, min_size=-1), "min_size"),
+    (lambda y: fdata.dirichlet_indices(y, 5, 0.1, max_tries=0), "max_tries"),
+    (lambda y: fdata.dirichlet_indices(y, 5, 0.1, num_classes=2.5), "num_classes"),
+    (lambda y: fdata.k_classes_indices(y, 5, "2"), "classes_per_client"),
+    (lambda y: fdata.k_classes_indices(y, 5, 2, balance="yes"), "balance"),
+    (lambda y: fdata.k_classes_indices(y, 5, 2, least_samples=-1.0), "least_samples"),
+    (lambda y: fdata.class_subset_lognormal_indices(y, y, [2.5, 3.0]),
+     "classes_per_client: need one integer"),
+    (lambda y: fdata.class_subset_lognormal_indices(y, y, [2, 3], sigma=-1.0),
+     "sigma: must be non-negative"),
+    (lambda y: fdata.class_subset_lognormal_indices(y, y, [2, 3], sigma="1"),
+     "sigma: must be a number"),
+    (lambda y: fdata.lindt_classes_per_client("mixed", 0), "num_clients"),
+    (lambda y: fdata.lindt_classes_per_client(None), "scheme: must be one of"),
+    (lambda y: fdata.fedprox_synthetic(-1.0), "alpha: must be non-negative"),
+    (lambda y: fdata.fedprox_synthetic(1.0, float("nan")), "beta"),
+    (lambda y: fdata.fedprox_synthetic(num_clients=3.0), "num_clients"),
+    (lambda y: fdata.fedprox_synthetic(max_size=0), "max_size"),
+    (lambda y: fdata.point_estimation_problem(num_clients=4, num_malicious=4),
+     "num_malicious"),
+    (lambda y: fdata.point_estimation_problem(sigma=-0.1), "sigma"),
+    (lambda y: fdata.linear_regression_problem(dim=0), "dim"),
+])
+def test_wrong_types_and_values_are_refused_by_name(call, match):
+    with pytest.raises(ValueError, match=match):
+        call(_balanced_labels(20))

@@ -164,3 +164,16 @@ def test_proposition1_bound_on_label_skew_quadratics():
         bound *= eta / k ** 2
         assert 0 < w_div <= bound
         w = w_new
+
+
+def test_wrong_types_are_refused_by_name():
+    for call, match in [
+        (lambda: metrics.detection_round([1.0], r_prime=True), "r_prime"),
+        (lambda: metrics.detection_round([1.0], r_prime=2.0), "r_prime"),
+        (lambda: metrics.detection_round([1.0], eps="0.1"), "eps: must be a number"),
+        (lambda: metrics.nfl_verdict([0.1, -0.2], window=0), "window"),
+        (lambda: metrics.nfl_verdict([0.1, -0.2], window=2.0), "window"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            call()
+    assert metrics.nfl_verdict([0.1, -0.2], window=np.int64(1))["in_nfl"]

@@ -57,7 +57,8 @@ def test_pld_accountant():
     # no subsampling: PLD is (near) exact for the Gaussian mechanism
     ev = privacy.sampled_gaussian_event(1.0, 3.0, 1)
     exact = dp_accounting.get_epsilon_gaussian(3.0, DELTA)
-    assert privacy.epsilon(ev, DELTA, accountant="pld") == pytest.approx(exact, rel=0.01)
+    assert privacy.epsilon(ev, DELTA, accountant="pld") == pytest.approx(exact,
+                                                                         rel=0.01)
     # subsampled: PLD is tighter than RDP, and not absurdly so
     ev = privacy.sampled_gaussian_event(0.01, 1.1, 1000)
     pld = privacy.epsilon(ev, DELTA, accountant="pld")
@@ -113,3 +114,60 @@ def test_bad_arguments():
         privacy.sampled_gaussian_event(0.1, 1.0, -1)
     with pytest.raises(ValueError, match="target_epsilon"):
         privacy.max_rounds(-1.0, DELTA, lambda t: privacy.dp_sgd_event(Q, 1.0, t))
+
+
+def _ev():
+    return privacy.dp_sgd_event(Q, 1.0, 10)
+
+
+@pytest.mark.parametrize("call, match", [
+    # negative counts are refused under their own name (-2 rounds x -3 steps used
+    # to compose +6 times; -1 rounds x 2 steps was reported as "count")
+    (lambda: privacy.dp_sgd_event(Q, 1.0, -2, -3), "num_rounds: must be an integer"),
+    (lambda: privacy.dp_sgd_event(Q, 1.0, 10, -2), "num_local_steps: must be an int"),
+    (lambda: privacy.dp_sgd_event(Q, 1.0, -1), "num_rounds: must be an integer >= 0"),
+    (lambda: privacy.fedfdp_event(Q, 2.0, -5, 5.0), "num_rounds"),
+    (lambda: privacy.fedfdp_event(Q, 2.0, 5, 5.0, -1), "num_local_steps"),
+    (lambda: privacy.client_level_event(10, 100, 1.0, -1), "num_rounds"),
+    (lambda: privacy.sampled_gaussian_event(Q, 1.0, -3), "count: must be an integer"),
+    # wrong types: never silently rounded or truth-tested
+    (lambda: privacy.dp_sgd_event(Q, 1.0, 2.7), "num_rounds: must be an integer"),
+    (lambda: privacy.dp_sgd_event(Q, 1.0, True), "num_rounds: must be an integer"),
+    (lambda: privacy.dp_sgd_event(Q, 1.0, "10"), "num_rounds: must be an integer"),
+    (lambda: privacy.dp_sgd_event(Q, 1.0, 10, 1.5), "num_local_steps"),
+    (lambda: privacy.sampled_gaussian_event(Q, 1.0, None), "count"),
+    (lambda: privacy.dp_sgd_event("0.05", 1.0, 10), "sampling_rate: must be a num"),
+    (lambda: privacy.dp_sgd_event(Q, "1.0", 10), "noise_multiplier: must be a num"),
+    (lambda: privacy.dp_sgd_event(Q, float("inf"), 10), "noise_multiplier"),
+    (lambda: privacy.fedfdp_event(Q, 2.0, 5, -1.0), "loss_noise_multiplier"),
+    (lambda: privacy.client_level_event(10.0, 100, 1.0, 5), "cohort_size"),
+    (lambda: privacy.client_level_event(0, 100, 1.0, 5), "cohort_size"),
+    (lambda: privacy.client_level_event(10, "100", 1.0, 5), "num_clients"),
+    (lambda: privacy.client_level_event(10, 100, 1.0, 5.0, sampling="fixed_size"),
+     "num_rounds"),
+    (lambda: privacy.epsilon("event", DELTA), "event: must be a dp_accounting"),
+    (lambda: privacy.epsilon(_ev(), "1e-5"), "delta: must be a number"),
+    (lambda: privacy.epsilon(_ev(), float("nan")), "delta"),
+    (lambda: privacy.epsilon(_ev(), DELTA, orders=[]), "orders"),
+    (lambda: privacy.epsilon(_ev(), DELTA, orders=[1.0, 2.0]), "orders"),
+    (lambda: privacy.epsilon(_ev(), DELTA, pld_discretization=0.0),
+     "pld_discretization"),
+    (lambda: privacy.max_rounds(1.0, DELTA, 3), "event_fn"),
+    (lambda: privacy.max_rounds(1.0, 2.0, _ev), "delta"),
+    (lambda: privacy.max_rounds(1.0, DELTA, lambda t: _ev(), upper=0), "upper"),
+    (lambda: privacy.max_rounds("1", DELTA, lambda t: _ev()), "target_epsilon"),
+])
+def test_counts_rounds_steps_and_types_are_refused_by_name(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_zero_counts_are_allowed():
+    # a zero-fold composition is epsilon 0 (dp_accounting itself refuses count 0)
+    assert privacy.epsilon(privacy.client_level_event(
+        10, 100, 1.0, 0, sampling="fixed_size"), DELTA) == 0.0
+    assert privacy.epsilon(privacy.dp_sgd_event(Q, 1.0, 0), DELTA) == 0.0
+    assert privacy.epsilon(privacy.dp_sgd_event(Q, 1.0, 5, 0), DELTA) == 0.0
+    ev = privacy.dp_sgd_event(Q, 1.0, np.int64(3), np.int32(2))  # NumPy ints
+    assert privacy.epsilon(ev, DELTA) == privacy.epsilon(
+        privacy.dp_sgd_event(Q, 1.0, 6), DELTA)

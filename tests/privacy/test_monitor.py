@@ -117,3 +117,24 @@ def test_invalid_monitor_calls():
         mon.epsilon(-1)
     with pytest.raises(ValueError, match="target_epsilon"):
         mon.max_rounds()
+
+
+@pytest.mark.parametrize("rounds", [-1, 1.5, True, "3", None])
+def test_monitor_rounds_must_be_a_count(rounds):
+    mon = privacy.Monitor(event_fn, DELTA, target_epsilon=5.0)
+    with pytest.raises(ValueError, match="rounds: must be an integer >= 0"):
+        mon.epsilon(rounds)
+    with pytest.raises(ValueError, match="rounds"):
+        mon.allows(rounds)
+
+
+def test_monitor_options_are_checked_by_name():
+    with pytest.raises(ValueError, match="pld_discretization"):
+        privacy.Monitor(event_fn, DELTA, pld_discretization=-1.0)
+    with pytest.raises(ValueError, match="delta: must be a number"):
+        privacy.Monitor(event_fn, "1e-5")
+    with pytest.raises(ValueError, match="target_epsilon: must be a number"):
+        privacy.Monitor(event_fn, DELTA, target_epsilon="8")
+    mon = privacy.Monitor(event_fn, DELTA, target_epsilon=5.0)
+    with pytest.raises(ValueError, match="upper: must be an integer >= 1"):
+        mon.max_rounds(upper=0)
