@@ -1,5 +1,9 @@
 """Federated algorithms as Algorithm(init, round_step, eval_models) factories."""
 
+from fedjax_pfl.toolkit import GlobalSolver as GlobalSolver
+from fedjax_pfl.toolkit import finetune_all as finetune_all
+from fedjax_pfl.toolkit import global_solver as global_solver
+
 from ._afl import AFLServerState as AFLServerState
 from ._afl import afl as afl
 from ._afl import project_simplex as project_simplex
@@ -18,10 +22,7 @@ from ._ditto_theory import (
 )
 from ._dp import dp_fedavg as dp_fedavg
 from ._ewc import ewc as ewc
-from ._fedavg import GlobalSolver as GlobalSolver
 from ._fedavg import fedavg as fedavg
-from ._fedavg import finetune_all as finetune_all
-from ._fedavg import global_solver as global_solver
 from ._fedavg import local_only as local_only
 from ._feddyn import FedDynServerState as FedDynServerState
 from ._feddyn import feddyn as feddyn

@@ -11,24 +11,29 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import optax
 
-from fedjax_pfl.attacks import attack_update
-from fedjax_pfl.core import make_local_config, run_local
-from fedjax_pfl.core._clients import check_nonnegative
-from fedjax_pfl.core._local import client_loss
-from fedjax_pfl.core._round import EngineConfig, federated_round
-from fedjax_pfl.core._types import Algorithm, AlgorithmState, ClientResult, ModelView
-from fedjax_pfl.models._model import Model
-
-from ._fedavg import (
-    ATTACK_TAG,
-    _Deferred,
+from fedjax_pfl.core import (
+    Algorithm,
+    AlgorithmState,
+    ClientResult,
+    EngineConfig,
+    ModelView,
+    client_loss,
+    federated_round,
+    make_local_config,
+    run_local,
+)
+from fedjax_pfl.models import Model
+from fedjax_pfl.toolkit import (
+    attack_delta,
     check_cohort,
     check_malicious,
+    deferred,
     malicious_mask,
     resolve_cohort_size,
 )
-from ._scaffold import _norm
+from fedjax_pfl.validation import check_nonnegative
 
 
 class AFLServerState(NamedTuple):
@@ -129,8 +134,7 @@ def afl(
             w_k, loss = run_local(model, w, data, cid, key, cfg)
             delta = jax.tree.map(jnp.subtract, w_k, w)
             if attack is not None:
-                delta = attack_update(attack, jax.random.fold_in(key, ATTACK_TAG),
-                                      delta, mal[cid], m)
+                delta = attack_delta(attack, mal, key, delta, cid, m)
             lam_k = server.lam[cid]
             upload = (jax.tree.map(lambda d: lam_k * d, delta),
                       f_k * jax.nn.one_hot(cid, num_clients, dtype=jnp.float32))
@@ -143,7 +147,7 @@ def afl(
             params = jax.tree.map(jnp.add, server.params, step)
             lam = project_simplex(server.lam + lambda_lr * losses)
             return AFLServerState(params, lam), {
-                "server/update_norm": _norm(step),
+                "server/update_norm": optax.tree.norm(step),
                 "server/lambda_max": jnp.max(lam)}
 
         return federated_round(client_fn, server_fn, cohort_size=m, cohort=cohort,
@@ -153,4 +157,4 @@ def afl(
     def eval_models(state, data, key):
         return {"global": ModelView(model, state.server.params, False)}
 
-    return Algorithm(init, _Deferred(build), eval_models)
+    return Algorithm(init, deferred(build), eval_models)

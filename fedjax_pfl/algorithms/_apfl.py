@@ -16,20 +16,25 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_pfl.aggregators import Aggregator
-from fedjax_pfl.core import make_local_config
-from fedjax_pfl.core._clients import check_nonnegative, is_concrete, tree_broadcast
-from fedjax_pfl.core._round import EngineConfig, federated_round
-from fedjax_pfl.core._types import Algorithm, AlgorithmState, ModelView
-from fedjax_pfl.data._federated import client_batch_indices, gather_batch
-from fedjax_pfl.models._model import Model, batch_loss
-
-from ._fedavg import (
-    _Deferred,
+from fedjax_pfl.core import (
+    Algorithm,
+    AlgorithmState,
+    EngineConfig,
+    ModelView,
+    federated_round,
+    make_local_config,
+    tree_broadcast,
+)
+from fedjax_pfl.data import client_batch_indices, gather_batch
+from fedjax_pfl.models import Model, batch_loss
+from fedjax_pfl.toolkit import (
     check_cohort,
     check_malicious,
+    deferred,
     global_solver,
     resolve_cohort_size,
 )
+from fedjax_pfl.validation import check_nonnegative, is_concrete
 
 
 class APFLClientState(NamedTuple):
@@ -168,4 +173,4 @@ def apfl(
         return {"global": ModelView(model, w, False),
                 "personal": ModelView(model, personal, True)}
 
-    return Algorithm(init, _Deferred(build), eval_models)
+    return Algorithm(init, deferred(build), eval_models)

@@ -16,32 +16,36 @@ import numpy as np
 import optax
 
 from fedjax_pfl.aggregators import Aggregator
-from fedjax_pfl.core import make_local_config, run_local
-from fedjax_pfl.core._clients import (
-    check_nonnegative,
-    is_concrete,
+from fedjax_pfl.core import (
+    Algorithm,
+    AlgorithmState,
+    EngineConfig,
+    KeyTag,
+    ModelView,
+    client_loss,
+    federated_round,
     lift,
+    make_local_config,
+    prox_penalty,
+    run_local,
     tree_broadcast,
 )
-from fedjax_pfl.core._local import client_loss, prox_penalty
-from fedjax_pfl.core._round import EngineConfig, federated_round
-from fedjax_pfl.core._types import Algorithm, AlgorithmState, ModelView
-from fedjax_pfl.data._federated import client_batch_indices, gather_batch
-from fedjax_pfl.models._model import Model, batch_loss
-from fedjax_pfl.privacy._local import DPConfig
-
-from ._dp import dp_client_update
-from ._fedavg import (
-    _Deferred,
+from fedjax_pfl.data import client_batch_indices, gather_batch
+from fedjax_pfl.models import Model, batch_loss
+from fedjax_pfl.privacy import DPConfig
+from fedjax_pfl.toolkit import (
     check_cohort,
     check_malicious,
+    deferred,
     finetune_views,
     global_solver,
     make_finetune_config,
     resolve_cohort_size,
 )
+from fedjax_pfl.validation import check_nonnegative, is_concrete
 
-PERSONAL_TAG = 12  # fold_in tag of the personal update's minibatch stream
+from ._dp import dp_client_update
+
 LAM_SELECTION = ("fixed", "paper", "greedy_step")
 BATCHES = ("independent", "shared")
 WEAK_GRID, STRONG_GRID = (0.1, 1.0, 2.0), (0.05, 0.1, 0.2)  # paper §4 / App. D.2
@@ -245,7 +249,7 @@ def ditto(
         return AlgorithmState(server, clients, jnp.zeros((), jnp.int32))
 
     def personal_key(key):
-        return key if batches == "shared" else jax.random.fold_in(key, PERSONAL_TAG)
+        return key if batches == "shared" else jax.random.fold_in(key, KeyTag.PERSONAL)
 
     def train_personal(v, lam_k, w, cid, key, data):
         return run_local(model, v, data, cid, key, pcfg, penalty=prox_penalty(lam_k, w))
@@ -318,11 +322,11 @@ def ditto(
                                cohort=cohort, engine=engine,
                                linear_weights=solver.aggregator.linear_weights)
 
-    class _Checked(_Deferred):
-        def __call__(self, state, data, key):
-            if data.num_clients not in self._cache:
-                check_data(data)
-            return super().__call__(state, data, key)
+    step = deferred(build)
+
+    def round_step(state, data, key):
+        check_data(data)
+        return step(state, data, key)
 
     def eval_models(state, data, key):
         out = {"global": ModelView(model, state.server.params, False),
@@ -331,5 +335,5 @@ def ditto(
                                   engine))
         return out
 
-    return Algorithm(init, _Checked(build), eval_models)
+    return Algorithm(init, round_step, eval_models)
 

@@ -20,21 +20,26 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_pfl.aggregators import Aggregator
-from fedjax_pfl.attacks import attack_update
-from fedjax_pfl.core import client_steps, default_unroll, make_local_config
-from fedjax_pfl.core._clients import is_concrete
-from fedjax_pfl.core._local import client_loss, passes_needed
-from fedjax_pfl.core._round import EngineConfig
-from fedjax_pfl.core._types import Algorithm, ClientResult, ModelView
-from fedjax_pfl.models._model import Model
-from fedjax_pfl.privacy._local import DPConfig, dp_local_train, make_dp_config
-
-from ._fedavg import (
-    ATTACK_TAG,
+from fedjax_pfl.core import (
+    Algorithm,
+    ClientResult,
+    EngineConfig,
+    ModelView,
+    client_loss,
+    client_steps,
+    default_unroll,
+    make_local_config,
+    passes_needed,
+)
+from fedjax_pfl.models import Model
+from fedjax_pfl.privacy import DPConfig, dp_local_train, make_dp_config
+from fedjax_pfl.toolkit import (
+    attack_delta,
     check_cohort,
     global_solver,
     stateless_algorithm,
 )
+from fedjax_pfl.validation import is_concrete
 
 
 def dp_steps(cfg, dp: DPConfig, sampling: str, split, cid):
@@ -71,8 +76,7 @@ def dp_client_update(model: Model, cfg, dp: DPConfig, sampling: str, solver,
                         else None))
         delta = jax.tree.map(jnp.subtract, w_k, w)
         if attack is not None:
-            delta = attack_update(attack, jax.random.fold_in(key, ATTACK_TAG), delta,
-                                  mal[cid], cohort_size)
+            delta = attack_delta(attack, mal, key, delta, cid, cohort_size)
         metrics = {"loss": loss, **dpm}
         if solver.aggregator.needs_losses:  # non-private diagnostics for TERM etc.
             metrics["round_start_loss"] = client_loss(model, w, data.train, cid)

@@ -19,26 +19,26 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_pfl.aggregators import Aggregator
-from fedjax_pfl.core import LocalConfig, make_local_config, run_local
-from fedjax_pfl.core._clients import (
-    check_nonnegative,
-    check_positive,
+from fedjax_pfl.core import (
+    Algorithm,
+    EngineConfig,
+    KeyTag,
+    LocalConfig,
+    ModelView,
     client_keys,
     lift,
+    make_local_config,
+    run_local,
 )
-from fedjax_pfl.core._round import EngineConfig
-from fedjax_pfl.core._types import Algorithm, ModelView
-from fedjax_pfl.data._federated import client_batch_indices, gather_batch
-from fedjax_pfl.models._model import Model, batch_loss
-
-from ._fedavg import (
+from fedjax_pfl.data import client_batch_indices, gather_batch
+from fedjax_pfl.models import Model, batch_loss
+from fedjax_pfl.toolkit import (
     check_cohort,
     global_solver,
     make_finetune_config,
     stateless_algorithm,
 )
-
-FISHER_TAG = 13  # fold_in tag of the Fisher minibatches (off the finetune stream)
+from fedjax_pfl.validation import check_nonnegative, check_positive
 
 
 def finetune_local_config(cfg: LocalConfig, steps, epochs, lr) -> LocalConfig:
@@ -186,7 +186,7 @@ def ewc(
     def penalty_for(w_star, data):
         def pen(cid, k, p0):
             fisher = diag_fisher(model, w_star, data, cid,
-                                 jax.random.fold_in(k, FISHER_TAG),
+                                 jax.random.fold_in(k, KeyTag.EWC_FISHER),
                                  num_batches=fisher_batches, batch_size=batch_size,
                                  sampling=sampling)
             return ewc_penalty(lam, fisher, w_star)

@@ -11,24 +11,31 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import optax
 
 from fedjax_pfl.aggregators import Aggregator, mean
-from fedjax_pfl.core import make_local_config, run_local
-from fedjax_pfl.core._clients import check_positive, tree_broadcast
-from fedjax_pfl.core._local import prox_penalty
-from fedjax_pfl.core._round import EngineConfig, federated_round
-from fedjax_pfl.core._types import Algorithm, AlgorithmState, ModelView
-from fedjax_pfl.models._model import Model
-
-from ._fedavg import (
-    _Deferred,
+from fedjax_pfl.core import (
+    Algorithm,
+    AlgorithmState,
+    EngineConfig,
+    ModelView,
+    federated_round,
+    make_local_config,
+    prox_penalty,
+    run_local,
+    tree_broadcast,
+)
+from fedjax_pfl.models import Model
+from fedjax_pfl.toolkit import (
     check_cohort,
     check_malicious,
     client_upload,
+    deferred,
+    linear_penalty,
     malicious_mask,
     resolve_cohort_size,
 )
-from ._scaffold import _norm, linear_penalty
+from fedjax_pfl.validation import check_positive
 
 
 class FedDynServerState(NamedTuple):
@@ -130,7 +137,7 @@ def feddyn(
             params = jax.tree.map(lambda p, d, a: (p + d) - a / alpha,
                                   server.params, delta, h)
             return FedDynServerState(params, h, agg_state), {
-                "server/update_norm": _norm(delta)}
+                "server/update_norm": optax.tree.norm(delta)}
 
         return federated_round(client_fn, server_fn, cohort_size=m, cohort=cohort,
                                engine=engine, linear_weights=agg.linear_weights)
@@ -138,4 +145,4 @@ def feddyn(
     def eval_models(state, data, key):
         return {"global": ModelView(model, state.server.params, False)}
 
-    return Algorithm(init, _Deferred(build), eval_models)
+    return Algorithm(init, deferred(build), eval_models)

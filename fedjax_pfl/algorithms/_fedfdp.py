@@ -23,19 +23,26 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_pfl.core import default_unroll
-from fedjax_pfl.core._clients import check_nonnegative, check_positive, is_concrete
-from fedjax_pfl.core._round import EngineConfig, federated_round
-from fedjax_pfl.core._types import Algorithm, AlgorithmState, ClientResult, ModelView
-from fedjax_pfl.data._federated import gather_batch
-from fedjax_pfl.models._model import Model
-from fedjax_pfl.privacy._local import dp_batches, dp_local_train, make_dp_config
-from fedjax_pfl.privacy._noise import release_loss
-
-from ._fedavg import _Deferred, check_cohort, resolve_cohort_size
+from fedjax_pfl.core import (
+    Algorithm,
+    AlgorithmState,
+    ClientResult,
+    EngineConfig,
+    KeyTag,
+    ModelView,
+    default_unroll,
+)
+from fedjax_pfl.data import gather_batch
+from fedjax_pfl.models import Model
+from fedjax_pfl.privacy import dp_batches, dp_local_train, make_dp_config, release_loss
+from fedjax_pfl.toolkit import (
+    check_cohort,
+    check_malicious,
+    round_step,
+)
+from fedjax_pfl.validation import check_nonnegative, check_positive, is_concrete
 
 WEIGHTINGS = ("per_sample", "batch")
-LOSS_TAG = 14  # fold_in tag of the loss-release batch and noise
 
 
 class FedFDPServerState(NamedTuple):
@@ -68,6 +75,8 @@ def fedfdp(
     chunk_size: int | None = None,
     cohort_size: int | None = None,
     cohort: str = "full",
+    attack=None,
+    malicious=None,
     engine: EngineConfig | None = None,
     unroll: int | bool | None = None,
 ) -> Algorithm:
@@ -99,6 +108,10 @@ def fedfdp(
         loss (eq. 14); ``False`` keeps ``loss_clip`` (FedFair).
       max_batch_size, clip_method, chunk_size: see ``dp_fedavg``.
       cohort_size, cohort: default every client every round (the paper).
+      attack, malicious: an :class:`fedjax_pfl.attacks.UpdateAttack` that the
+        engine applies to the uploads of the clients flagged in the
+        ``[num_clients]`` bool mask (after their DP noise: the attacker controls
+        what it sends).
       engine, unroll: execution.
     """
     if weighting not in WEIGHTINGS:
@@ -121,6 +134,7 @@ def fedfdp(
     engine = engine or EngineConfig()
 
     def init(key, data):
+        check_malicious(malicious, data.num_clients)
         params = model.init(key)
         c0 = jnp.full((data.num_clients,), loss_clip, jnp.float32)
         return AlgorithmState(FedFDPServerState(params, jnp.zeros((), jnp.float32)),
@@ -142,7 +156,7 @@ def fedfdp(
             batch_size=1, sampling="poisson", dp=dp, unroll=unroll,
             weight_fn=weight_fn(server.fhat))
         # the loss of the updated model on a fresh Poisson batch, privatized
-        lkey = jax.random.fold_in(key, LOSS_TAG)
+        lkey = jax.random.fold_in(key, KeyTag.FEDFDP_LOSS)
         rows, mask, _ = dp_batches(data.train, cid, lkey, num_steps=1, batch_size=1,
                                    sampling="poisson", dp=dp)
         b = gather_batch(data.train, rows[0], mask[0])
@@ -153,7 +167,7 @@ def fedfdp(
         elif not isinstance(dp.normalize, str):
             den = jnp.float32(dp.normalize)
         released = release_loss(per, b.mask, client_state.loss_clip,
-                                loss_noise_multiplier, jax.random.fold_in(lkey, 1), den)
+                                loss_noise_multiplier, jax.random.fold_in(lkey, KeyTag.FEDFDP_LOSS_NOISE), den)
         new_clip = (jnp.maximum(released, loss_clip_floor) if adaptive_loss_clip
                     else client_state.loss_clip)
         n = data.train.counts[cid].astype(jnp.float32)
@@ -169,17 +183,14 @@ def fedfdp(
         params = jax.tree.map(jnp.add, server.params, delta)
         return FedFDPServerState(params, fhat), {"server/fhat": fhat}
 
-    def build(num_clients):
-        m = num_clients if cohort == "full" else resolve_cohort_size(
-            cohort_size, cohort, num_clients)
-        return federated_round(client_fn, server_fn, cohort_size=m, cohort=cohort,
-                               engine=engine,
-                               linear_weights=lambda w, mask: mask * w)
+    step = round_step(client_fn, server_fn, cohort_size=cohort_size, cohort=cohort,
+                      engine=engine, linear_weights=lambda w, mask: mask * w,
+                      attack=attack, malicious=malicious)
 
     def eval_models(state, data, key):
         return {"global": ModelView(model, state.server.params, False)}
 
-    return Algorithm(init, _Deferred(build), eval_models)
+    return Algorithm(init, step, eval_models)
 
 
 def fedfair(

@@ -17,28 +17,29 @@ import numpy as np
 import optax
 
 from fedjax_pfl.aggregators import Aggregator, moreau, prox
-from fedjax_pfl.attacks import attack_update
-from fedjax_pfl.core import make_local_config, run_local
-from fedjax_pfl.core._clients import (
-    check_nonnegative,
-    check_positive,
-    is_concrete,
+from fedjax_pfl.core import (
+    Algorithm,
+    AlgorithmState,
+    ClientResult,
+    EngineConfig,
+    KeyTag,
+    ModelView,
+    client_loss,
+    federated_round,
+    make_local_config,
+    run_local,
     tree_broadcast,
 )
-from fedjax_pfl.core._local import client_loss
-from fedjax_pfl.core import KeyTag
-from fedjax_pfl.core._round import EngineConfig, federated_round
-from fedjax_pfl.core._types import Algorithm, AlgorithmState, ClientResult, ModelView
-from fedjax_pfl.models._model import Model
-
-from ._fedavg import (
-    ATTACK_TAG,
-    _Deferred,
+from fedjax_pfl.models import Model
+from fedjax_pfl.toolkit import (
+    attack_delta,
     check_cohort,
     check_malicious,
+    deferred,
     malicious_mask,
     resolve_cohort_size,
 )
+from fedjax_pfl.validation import check_nonnegative, check_positive, is_concrete
 
 PSIS = ("sq", "l2", "l1", "ind0", "zero")
 AGG_SETS = ("all", "sampled")
@@ -254,8 +255,7 @@ def fedplus(
                                 optimizer=fedplus_sgd(cfg.lr, sigma, z))
         upload = jax.tree.map(jnp.subtract, w_new, w_t)
         if attack is not None:
-            upload = attack_update(attack, jax.random.fold_in(key, ATTACK_TAG), upload,
-                                   mal[cid], m)
+            upload = attack_delta(attack, mal, key, upload, cid, m)
         sent = jax.tree.map(jnp.add, w_t, upload) if keep_sent else ()
         metrics = {"loss": loss, "offset_norm": optax.tree.norm(theta)}
         if agg.needs_losses:
@@ -319,7 +319,7 @@ def fedplus(
         return {"personal": ModelView(model, jax.tree.map(pick, c.params, w_t), True),
                 "global": ModelView(model, w_t, False)}
 
-    return Algorithm(init, _Deferred(build), eval_models)
+    return Algorithm(init, deferred(build), eval_models)
 
 
 def _agg_metrics(agg_state) -> dict:

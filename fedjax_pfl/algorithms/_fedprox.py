@@ -12,20 +12,22 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_pfl.aggregators import Aggregator
-from fedjax_pfl.core import make_local_config
-from fedjax_pfl.core._clients import check_nonnegative
-from fedjax_pfl.core._local import prox_penalty
-from fedjax_pfl.core._round import EngineConfig
-from fedjax_pfl.core._types import Algorithm, ModelView
-from fedjax_pfl.models._model import Model
-
-from ._fedavg import (
+from fedjax_pfl.core import (
+    Algorithm,
+    EngineConfig,
+    ModelView,
+    make_local_config,
+    prox_penalty,
+)
+from fedjax_pfl.models import Model
+from fedjax_pfl.toolkit import (
     check_cohort,
     finetune_views,
     global_solver,
     make_finetune_config,
     stateless_algorithm,
 )
+from fedjax_pfl.validation import check_nonnegative
 
 
 def fedprox(

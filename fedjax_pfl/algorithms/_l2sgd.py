@@ -14,22 +14,28 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_pfl.aggregators import Aggregator, mean
-from fedjax_pfl.attacks import attack_update
-from fedjax_pfl.core import make_local_config, run_local
-from fedjax_pfl.core._clients import check_nonnegative, tree_broadcast
-from fedjax_pfl.core._local import prox_penalty
-from fedjax_pfl.core._round import EngineConfig, federated_round
-from fedjax_pfl.core._types import Algorithm, AlgorithmState, ClientResult, ModelView
-from fedjax_pfl.models._model import Model
-
-from ._fedavg import (
-    ATTACK_TAG,
-    _Deferred,
+from fedjax_pfl.core import (
+    Algorithm,
+    AlgorithmState,
+    ClientResult,
+    EngineConfig,
+    ModelView,
+    federated_round,
+    make_local_config,
+    prox_penalty,
+    run_local,
+    tree_broadcast,
+)
+from fedjax_pfl.models import Model
+from fedjax_pfl.toolkit import (
+    attack_delta,
     check_cohort,
     check_malicious,
+    deferred,
     malicious_mask,
     resolve_cohort_size,
 )
+from fedjax_pfl.validation import check_nonnegative
 
 MEAN_MODES = ("exact", "code")
 
@@ -124,8 +130,7 @@ def l2sgd(
             ref = w_k if mean_update == "exact" else wbar
             delta = jax.tree.map(jnp.subtract, new, ref)
             if attack is not None:
-                delta = attack_update(attack, jax.random.fold_in(key, ATTACK_TAG),
-                                      delta, mal[cid], m)
+                delta = attack_delta(attack, mal, key, delta, cid, m)
             return ClientResult(new, delta, data.train.counts[cid].astype(jnp.float32),
                                 {"loss": loss})
 
@@ -143,4 +148,4 @@ def l2sgd(
         return {"global": ModelView(model, state.server.mean, False),
                 "personal": ModelView(model, state.clients, True)}
 
-    return Algorithm(init, _Deferred(build), eval_models)
+    return Algorithm(init, deferred(build), eval_models)

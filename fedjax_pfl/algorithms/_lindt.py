@@ -18,23 +18,22 @@ import optax
 
 from fedjax_pfl.aggregators import Aggregator, mean
 from fedjax_pfl.core import (
+    Algorithm,
+    AlgorithmState,
+    ClientResult,
+    EngineConfig,
+    KeyTag,
+    ModelView,
+    client_keys,
     client_steps,
     default_unroll,
+    lift,
     make_local_config,
     run_local,
     run_steps,
-)
-from fedjax_pfl.core._clients import (
-    check_nonnegative,
-    check_positive,
-    client_keys,
-    is_concrete,
-    lift,
     tree_broadcast,
 )
-from fedjax_pfl.core._round import EngineConfig, federated_round
-from fedjax_pfl.core._types import Algorithm, AlgorithmState, ClientResult, ModelView
-from fedjax_pfl.data._federated import client_batch_indices, gather_batch
+from fedjax_pfl.data import client_batch_indices, gather_batch
 from fedjax_pfl.metrics._nfl import (
     EPS,
     R_PRIME,
@@ -44,22 +43,20 @@ from fedjax_pfl.metrics._nfl import (
     detector_update,
     divergence_from_updates,
 )
-from fedjax_pfl.models._model import batch_loss
-from fedjax_pfl.privacy._client_dp import clip_updates
-from fedjax_pfl.privacy._noise import gaussian_noise
-
-from ._fedavg import (
-    _Deferred,
+from fedjax_pfl.models import batch_loss
+from fedjax_pfl.privacy import clip_updates, gaussian_noise
+from fedjax_pfl.toolkit import (
     check_cohort,
     check_malicious,
-    resolve_cohort_size,
+    round_step,
 )
+from fedjax_pfl.validation import check_nonnegative, check_positive, is_concrete
+
 from ._lindt_model import SCORE_VARIANTS, DualModel, dual_apply, local_head_model
 
 MODES = ("always", "detect", "off")
 STOP_STRATEGIES = ("never", "all_trained_once", "delta_below")
 V_INITS = ("random", "copy_global")
-LOCAL_TAG, NOISE_TAG, FB_TAG = 21, 22, 23  # fold_in tags
 
 
 class LindtServerState(NamedTuple):
@@ -101,6 +98,7 @@ def lindt(
     noise_std: float | jax.Array = 0.0,
     malicious=None,
     malicious_multiplier: int = 1,
+    attack=None,
     eps: float | jax.Array = EPS,
     r_prime: int | jax.Array = R_PRIME,
     stop: str = "never",
@@ -141,6 +139,9 @@ def lindt(
       malicious, malicious_multiplier: ``[N]`` bool mask of attackers, who run
         ``malicious_multiplier`` times the local steps (paper: 5 epochs against
         1). Their data poisoning is in the data (``attacks.semantic_backdoor``).
+      attack: an :class:`fedjax_pfl.attacks.UpdateAttack` that the engine
+        applies to the malicious clients' uploads (model poisoning on top of
+        the data poisoning; default none, the paper's setting).
       eps, r_prime: detection thresholds (``Delta > eps`` counted; NFL when the
         count exceeds ``r_prime``). Traceable.
       stop: ``never``; ``all_trained_once`` (§5.3 strategy 1: once every
@@ -206,7 +207,7 @@ def lindt(
             local = ()
         elif v_init == "random":
             local = jax.vmap(model.init)(client_keys(
-                jax.random.fold_in(key, LOCAL_TAG), data.key_ids))
+                jax.random.fold_in(key, KeyTag.LINDT_LOCAL), data.key_ids))
         else:
             local = tree_broadcast(w, n)
         server = LindtServerState(w, aggregator.init(w), detector_init(),
@@ -301,7 +302,7 @@ def lindt(
         if no_noise:  # a concrete sigma = 0: skip the draw (and its compile time)
             noise = jax.tree.map(jnp.zeros_like, agg)
         else:
-            noise = gaussian_noise(jax.random.fold_in(key, NOISE_TAG), agg, noise_std)
+            noise = gaussian_noise(jax.random.fold_in(key, KeyTag.LINDT_NOISE), agg, noise_std)
         change = jax.tree.map(jnp.add, agg, noise)
         params = jax.tree.map(jnp.add, server.params, change)
         w_div = divergence_from_updates(updates, change, mask)
@@ -331,20 +332,16 @@ def lindt(
         on = on & ~stopped & use_dual
         return state._replace(server=s._replace(dual_on=on, stopped=stopped))
 
-    def build(num_clients):
-        check_malicious(malicious, num_clients)
-        m = resolve_cohort_size(cohort_size, cohort, num_clients)
-        inner = federated_round(client_fn, server_fn, cohort_size=m, cohort=cohort,
-                                engine=engine)
+    inner = round_step(client_fn, server_fn, cohort_size=cohort_size, cohort=cohort,
+                       engine=engine, attack=attack, malicious=malicious)
 
-        def round_step(state, data, key):
-            state, metrics = inner(state, data, key)
-            state = transitions(state)
-            metrics["lindt/dual_on"] = state.server.dual_on
-            metrics["lindt/stopped"] = state.server.stopped
-            return state, metrics
-
-        return round_step
+    def lindt_round(state, data, key):
+        check_malicious(malicious, data.num_clients)
+        state, metrics = inner(state, data, key)
+        state = transitions(state)
+        metrics["lindt/dual_on"] = state.server.dual_on
+        metrics["lindt/stopped"] = state.server.stopped
+        return state, metrics
 
     def eval_models(state, data, key):
         w = state.server.params
@@ -356,12 +353,13 @@ def lindt(
                 (state.clients.local, use_local), True)
         if finetune_top_steps:
             out["fb"] = ModelView(model, finetune_top(
-                dual, w, data, jax.random.fold_in(key, FB_TAG), steps=finetune_top_steps,
+                dual, w, data, jax.random.fold_in(key, KeyTag.LINDT_FB),
+                steps=finetune_top_steps,
                 lr=client_lr if finetune_top_lr is None else finetune_top_lr,
                 batch_size=cfg.batch_size, sampling=cfg.sampling, engine=engine), True)
         return out
 
-    return Algorithm(init, _Deferred(build), eval_models)
+    return Algorithm(init, lindt_round, eval_models)
 
 
 def finetune_top(dual: DualModel, params, data, key, *, steps: int, lr,

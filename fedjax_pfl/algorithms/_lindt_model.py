@@ -22,14 +22,15 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedjax_pfl.models._conv import conv_general_dilated
-from fedjax_pfl.models._model import Model, from_flax
-from fedjax_pfl.models._zoo import MLP
-from fedjax_pfl.models._zoo_papers import (
+from fedjax_pfl.models import (
+    MLP,
     CharLSTM,
     LindtCIFARCNN,
+    Model,
     TorchLSTM,
-    _as_image,
+    as_image,
+    conv_general_dilated,
+    from_flax,
 )
 
 SCORE_VARIANTS = ("paper", "cosine")
@@ -177,7 +178,7 @@ def dual_lindt_cnn(num_classes: int = 10) -> DualModel:
     model = from_flax(LindtCIFARCNN(num_classes), (32, 32, 3))
 
     def conv1(p, x):
-        return _pool(jax.nn.relu(_conv(p["Conv_0"], _as_image(x, (32, 32, 3)))))
+        return _pool(jax.nn.relu(_conv(p["Conv_0"], as_image(x, (32, 32, 3)))))
 
     def conv2(p, h):
         return _pool(jax.nn.relu(_conv(p["Conv_1"], h)))

@@ -17,24 +17,30 @@ import numpy as np
 import optax
 
 from fedjax_pfl.aggregators import Aggregator
-from fedjax_pfl.core import make_local_config, run_local
-from fedjax_pfl.core._clients import lift, tree_broadcast
-from fedjax_pfl.core._local import client_loss
-from fedjax_pfl.core._round import EngineConfig, federated_round
-from fedjax_pfl.core._types import Algorithm, AlgorithmState, ModelView
-from fedjax_pfl.models._model import Model
-
-from ._apfl import mix
-from ._ewc import finetune_clients, finetune_local_config
-from ._fedavg import (
-    _Deferred,
+from fedjax_pfl.core import (
+    Algorithm,
+    AlgorithmState,
+    EngineConfig,
+    KeyTag,
+    ModelView,
+    client_loss,
+    federated_round,
+    lift,
+    make_local_config,
+    run_local,
+    tree_broadcast,
+)
+from fedjax_pfl.models import Model
+from fedjax_pfl.toolkit import (
     check_cohort,
     check_malicious,
+    deferred,
     global_solver,
     resolve_cohort_size,
 )
 
-GLOBAL_TAG = 14  # fold_in tag of the global step's minibatch
+from ._apfl import mix
+from ._ewc import finetune_clients, finetune_local_config
 
 
 class MapperClientState(NamedTuple):
@@ -146,7 +152,7 @@ def mapper(
             w = server.params
             h, lam, ploss = personal_update(state.local, w, cid, key, data)
             w_k, loss = run_local(reparam(model, lambda p: mix(lam, h, p)), w, data,
-                                  cid, jax.random.fold_in(key, GLOBAL_TAG), gcfg)
+                                  cid, jax.random.fold_in(key, KeyTag.MAPPER_GLOBAL), gcfg)
             res = solver.upload(w, w_k, cid, key, data, m, {
                 "loss": loss, "personal_loss": ploss, "lam": lam})
             return res._replace(client_state=MapperClientState(h, lam))
@@ -165,4 +171,4 @@ def mapper(
                 "interpolated": ModelView(model, interp, True),
                 "personal": ModelView(model, tuned, True)}
 
-    return Algorithm(init, _Deferred(build), eval_models)
+    return Algorithm(init, deferred(build), eval_models)

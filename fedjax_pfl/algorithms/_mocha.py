@@ -21,21 +21,27 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_pfl.attacks import attack_update
-from fedjax_pfl.core import make_local_config, run_local
-from fedjax_pfl.core._clients import check_nonnegative, check_positive, tree_broadcast
-from fedjax_pfl.core._round import EngineConfig, federated_round
-from fedjax_pfl.core._types import Algorithm, AlgorithmState, ClientResult, ModelView
-from fedjax_pfl.models._model import Model
-
-from ._fedavg import (
-    ATTACK_TAG,
-    _Deferred,
+from fedjax_pfl.core import (
+    Algorithm,
+    AlgorithmState,
+    ClientResult,
+    EngineConfig,
+    ModelView,
+    federated_round,
+    make_local_config,
+    run_local,
+    tree_broadcast,
+)
+from fedjax_pfl.models import Model
+from fedjax_pfl.toolkit import (
+    attack_delta,
     check_cohort,
     check_malicious,
+    deferred,
     malicious_mask,
     resolve_cohort_size,
 )
+from fedjax_pfl.validation import check_nonnegative, check_positive
 
 REGULARIZERS = ("inverse", "direct")
 
@@ -172,8 +178,7 @@ def mocha(
             new, loss = run_local(model, w_k, data, cid, key, cfg, penalty=penalty)
             if attack is not None:
                 delta = jax.tree.map(jnp.subtract, new, w_k)
-                delta = attack_update(attack, jax.random.fold_in(key, ATTACK_TAG),
-                                      delta, mal[cid], m)
+                delta = attack_delta(attack, mal, key, delta, cid, m)
                 new = jax.tree.map(jnp.add, w_k, delta)
             onehot = jax.nn.one_hot(cid, num_clients, dtype=jnp.float32)
             upload = (onehot, jax.tree.map(
@@ -198,4 +203,4 @@ def mocha(
     def eval_models(state, data, key):
         return {"personal": ModelView(model, state.server.W, True)}
 
-    return Algorithm(init, _Deferred(build), eval_models)
+    return Algorithm(init, deferred(build), eval_models)

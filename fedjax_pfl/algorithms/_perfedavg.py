@@ -15,21 +15,26 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_pfl.aggregators import Aggregator
-from fedjax_pfl.core import make_local_config
-from fedjax_pfl.core._clients import check_nonnegative, check_positive
-from fedjax_pfl.core._round import EngineConfig, federated_round
-from fedjax_pfl.core._types import Algorithm, AlgorithmState, ModelView
-from fedjax_pfl.data._federated import client_batch_indices, gather_batch
-from fedjax_pfl.models._model import Model, batch_loss
-
-from ._ewc import finetune_clients, finetune_local_config
-from ._fedavg import (
-    _Deferred,
+from fedjax_pfl.core import (
+    Algorithm,
+    AlgorithmState,
+    EngineConfig,
+    ModelView,
+    federated_round,
+    make_local_config,
+)
+from fedjax_pfl.data import client_batch_indices, gather_batch
+from fedjax_pfl.models import Model, batch_loss
+from fedjax_pfl.toolkit import (
     check_cohort,
     check_malicious,
+    deferred,
     global_solver,
     resolve_cohort_size,
 )
+from fedjax_pfl.validation import check_nonnegative, check_positive
+
+from ._ewc import finetune_clients, finetune_local_config
 
 HESSIANS = ("hf", "exact", "fo")
 
@@ -176,4 +181,4 @@ def per_fedavg(
                     model, w, data, key, ft, engine), True),
                 "one_step": ModelView(model, one, True)}
 
-    return Algorithm(init, _Deferred(build), eval_models)
+    return Algorithm(init, deferred(build), eval_models)

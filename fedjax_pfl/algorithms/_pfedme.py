@@ -10,26 +10,31 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import optax
 
 from fedjax_pfl.aggregators import Aggregator, mean
-from fedjax_pfl.core import make_local_config
-from fedjax_pfl.core._clients import check_positive, tree_broadcast
-from fedjax_pfl.core._local import prox_penalty
-from fedjax_pfl.core._round import EngineConfig, federated_round
-from fedjax_pfl.core._types import Algorithm, AlgorithmState, ModelView
-from fedjax_pfl.data._federated import client_batch_indices, gather_batch
-from fedjax_pfl.models._model import Model, batch_loss
-
-from ._fedavg import (
+from fedjax_pfl.core import (
+    Algorithm,
+    AlgorithmState,
+    EngineConfig,
+    ModelView,
+    federated_round,
+    make_local_config,
+    prox_penalty,
+    tree_broadcast,
+)
+from fedjax_pfl.data import client_batch_indices, gather_batch
+from fedjax_pfl.models import Model, batch_loss
+from fedjax_pfl.toolkit import (
     ServerState,
-    _Deferred,
     check_cohort,
     check_malicious,
     client_upload,
+    deferred,
     malicious_mask,
     resolve_cohort_size,
 )
-from ._scaffold import _norm
+from fedjax_pfl.validation import check_positive
 
 
 def prox_solve(model: Model, anchor, start, x, y, mask, *, lam, lr, steps: int,
@@ -160,7 +165,7 @@ def pfedme(
                 losses=metrics.get("round_start_loss"))
             params = jax.tree.map(lambda p, d: p + beta * d, server.params, delta)
             return ServerState(params, (), agg_state), {
-                "server/update_norm": _norm(delta)}
+                "server/update_norm": optax.tree.norm(delta)}
 
         return federated_round(client_fn, server_fn, cohort_size=m, cohort=cohort,
                                engine=engine, linear_weights=agg.linear_weights)
@@ -169,4 +174,4 @@ def pfedme(
         return {"global": ModelView(model, state.server.params, False),
                 "personal": ModelView(model, state.clients, True)}
 
-    return Algorithm(init, _Deferred(build), eval_models)
+    return Algorithm(init, deferred(build), eval_models)

@@ -9,24 +9,29 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import optax
 
-from fedjax_pfl.attacks import attack_update
-from fedjax_pfl.core import make_local_config, run_local
-from fedjax_pfl.core._clients import check_nonnegative, check_positive
-from fedjax_pfl.core._local import client_loss
-from fedjax_pfl.core._round import EngineConfig, federated_round
-from fedjax_pfl.core._types import Algorithm, AlgorithmState, ClientResult, ModelView
-from fedjax_pfl.models._model import Model
-
-from ._fedavg import (
-    ATTACK_TAG,
-    _Deferred,
+from fedjax_pfl.core import (
+    Algorithm,
+    AlgorithmState,
+    ClientResult,
+    EngineConfig,
+    ModelView,
+    client_loss,
+    federated_round,
+    make_local_config,
+    run_local,
+)
+from fedjax_pfl.models import Model
+from fedjax_pfl.toolkit import (
+    attack_delta,
     check_cohort,
     check_malicious,
+    deferred,
     malicious_mask,
     resolve_cohort_size,
 )
-from ._scaffold import _norm
+from fedjax_pfl.validation import check_nonnegative, check_positive
 
 VARIANTS = ("qfedavg", "qfedsgd")
 
@@ -112,8 +117,7 @@ def qffl(
             loss = f_k
             update = jax.tree.map(lambda g: -g / lipschitz_L, grad)
         if attack is not None:
-            update = attack_update(attack, jax.random.fold_in(key, ATTACK_TAG), update,
-                                   mal[cid], m)
+            update = attack_delta(attack, mal, key, update, cid, m)
         direction = jax.tree.map(lambda u: -lipschitz_L * u, update)  # Delta_k
         fq = jnp.power(f_k, q)
         sq = sum(jnp.sum(jnp.square(d)) for d in jax.tree.leaves(direction))
@@ -136,7 +140,7 @@ def qffl(
             scaled, h = jax.tree.map(lambda a: a[0], updates)
             step = jax.tree.map(lambda s: s / h, scaled)
             new = jax.tree.map(jnp.subtract, w, step)
-            return new, {"server/update_norm": _norm(step), "server/h": h}
+            return new, {"server/update_norm": optax.tree.norm(step), "server/h": h}
 
         return federated_round(client_fn, server_fn, cohort_size=m, cohort=cohort,
                                engine=engine,
@@ -145,4 +149,4 @@ def qffl(
     def eval_models(state, data, key):
         return {"global": ModelView(model, state.server, False)}
 
-    return Algorithm(init, _Deferred(build), eval_models)
+    return Algorithm(init, deferred(build), eval_models)

@@ -8,7 +8,6 @@ Decisions: docs/baselines-global.md.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
@@ -16,22 +15,29 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_pfl.aggregators import Aggregator, mean, weighted_mean
-from fedjax_pfl.attacks import attack_update
-from fedjax_pfl.core import make_local_config, run_local
-from fedjax_pfl.core._clients import check_positive, tree_broadcast
-from fedjax_pfl.core._local import client_loss
-from fedjax_pfl.core._round import EngineConfig, federated_round
-from fedjax_pfl.core._types import Algorithm, AlgorithmState, ClientResult, ModelView
-from fedjax_pfl.models._model import Model
-
-from ._fedavg import (
-    ATTACK_TAG,
-    _Deferred,
+from fedjax_pfl.core import (
+    Algorithm,
+    AlgorithmState,
+    ClientResult,
+    EngineConfig,
+    ModelView,
+    client_loss,
+    federated_round,
+    make_local_config,
+    run_local,
+    tree_broadcast,
+)
+from fedjax_pfl.models import Model
+from fedjax_pfl.toolkit import (
+    attack_delta,
     check_cohort,
     check_malicious,
+    deferred,
+    linear_penalty,
     malicious_mask,
     resolve_cohort_size,
 )
+from fedjax_pfl.validation import check_positive
 
 
 class ScaffoldServerState(NamedTuple):
@@ -41,15 +47,6 @@ class ScaffoldServerState(NamedTuple):
     params: object
     control: object
     agg_state: object
-
-
-def linear_penalty(direction) -> Callable[[object], jax.Array]:
-    """``p -> <direction, p>``: adds ``direction`` to every gradient."""
-
-    def penalty(p):
-        return optax.tree.vdot(direction, p)
-
-    return penalty
 
 
 def scaffold(
@@ -123,8 +120,7 @@ def scaffold(
         c_new = jax.tree.map(lambda ck, cc, d: (ck - cc) - scale * d, c_k, c, dy)
         dc = jax.tree.map(jnp.subtract, c_new, c_k)
         if attack is not None:
-            dy = attack_update(attack, jax.random.fold_in(key, ATTACK_TAG), dy,
-                               mal[cid], m)
+            dy = attack_delta(attack, mal, key, dy, cid, m)
         metrics = {"loss": loss}
         if agg.needs_losses:
             metrics["round_start_loss"] = client_loss(model, x, data.train, cid)
@@ -147,8 +143,8 @@ def scaffold(
             control = jax.tree.map(lambda cc, d: cc + frac * d, server.control,
                                    weighted_mean(dc, mask))
             return ScaffoldServerState(params, control, agg_state), {
-                "server/update_norm": _norm(delta),
-                "server/control_norm": _norm(control)}
+                "server/update_norm": optax.tree.norm(delta),
+                "server/control_norm": optax.tree.norm(control)}
 
         return federated_round(client_fn, server_fn, cohort_size=m, cohort=cohort,
                                engine=engine)
@@ -156,8 +152,5 @@ def scaffold(
     def eval_models(state, data, key):
         return {"global": ModelView(model, state.server.params, False)}
 
-    return Algorithm(init, _Deferred(build), eval_models)
+    return Algorithm(init, deferred(build), eval_models)
 
-
-def _norm(tree) -> jax.Array:
-    return jnp.sqrt(sum(jnp.sum(jnp.square(a)) for a in jax.tree.leaves(tree)))

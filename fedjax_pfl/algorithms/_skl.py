@@ -14,15 +14,13 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_pfl.aggregators import Aggregator
-from fedjax_pfl.core import make_local_config
-from fedjax_pfl.core._clients import check_nonnegative
-from fedjax_pfl.core._round import EngineConfig
-from fedjax_pfl.core._types import Algorithm
-from fedjax_pfl.data._federated import client_batch_indices, gather_batch
-from fedjax_pfl.models._model import Model
+from fedjax_pfl.core import Algorithm, EngineConfig, make_local_config
+from fedjax_pfl.data import client_batch_indices, gather_batch
+from fedjax_pfl.models import Model
+from fedjax_pfl.toolkit import check_cohort, global_solver
+from fedjax_pfl.validation import check_nonnegative
 
 from ._ewc import finetune_local_config, penalized_finetuning
-from ._fedavg import check_cohort, global_solver
 
 KL_WEIGHTS = ("code", "paper")
 

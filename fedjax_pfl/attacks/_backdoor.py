@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedjax_pfl.data._federated import from_client_arrays
+from fedjax_pfl.data import from_client_arrays
 
 CIFAR_BACKDOOR = ((4, 7), (5, 6))  # deer -> horse, dog -> frog
 

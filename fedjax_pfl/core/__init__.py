@@ -1,5 +1,7 @@
 """Engine: types, client-axis ops, the fused round, simulate/sweep drivers."""
 
+from ._clients import COHORT_MODES as COHORT_MODES
+from ._clients import client_keys as client_keys
 from ._clients import default_strategy as default_strategy
 from ._clients import lift as lift
 from ._clients import sample_cohort as sample_cohort
@@ -16,10 +18,15 @@ from ._eval import evaluate_split as evaluate_split
 from ._eval import summarize as summarize
 from ._keys import KeyTag as KeyTag
 from ._local import LocalConfig as LocalConfig
+from ._local import client_loss as client_loss
 from ._local import client_steps as client_steps
 from ._local import default_unroll as default_unroll
+from ._local import linear_penalty as linear_penalty
 from ._local import local_train as local_train
 from ._local import make_local_config as make_local_config
+from ._local import mean_over_steps as mean_over_steps
+from ._local import passes_needed as passes_needed
+from ._local import prox_penalty as prox_penalty
 from ._local import run_local as run_local
 from ._local import run_steps as run_steps
 from ._round import EngineConfig as EngineConfig

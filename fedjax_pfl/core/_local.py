@@ -12,13 +12,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedjax_pfl.data._federated import (
+from fedjax_pfl.data import (
     SAMPLING_MODES,
     Split,
     client_batch_indices,
     gather_batch,
 )
-from fedjax_pfl.models._model import Model, Params, batch_loss
+from fedjax_pfl.models import Model, Params, batch_loss
 
 
 def client_loss(model: Model, params: Params, split: Split, client: jax.Array,
@@ -44,6 +44,16 @@ def prox_penalty(lam, anchor: Params) -> Callable[[Params], jax.Array]:
         sq = sum(jnp.sum(jnp.square(a - b)) for a, b in
                  zip(jax.tree.leaves(p), jax.tree.leaves(anchor)))
         return 0.5 * lam * sq
+
+    return penalty
+
+
+def linear_penalty(direction: Params) -> Callable[[Params], jax.Array]:
+    """``p -> <direction, p>``: adds ``direction`` to every gradient (SCAFFOLD's
+    and FedDyn's corrections)."""
+
+    def penalty(p):
+        return optax.tree.vdot(direction, p)
 
     return penalty
 

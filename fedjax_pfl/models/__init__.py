@@ -1,10 +1,12 @@
 """Models as pure (init, apply) pairs with per-example losses; the paper zoo."""
 
 from ._conv import Conv as Conv
+from ._conv import channel_last as channel_last
 from ._conv import conv_general_dilated as conv_general_dilated
 from ._conv import max_pool as max_pool
 from ._model import LOSSES as LOSSES
 from ._model import Model as Model
+from ._model import Params as Params
 from ._model import accuracy as accuracy
 from ._model import batch_loss as batch_loss
 from ._model import cross_entropy as cross_entropy
@@ -12,6 +14,7 @@ from ._model import from_flax as from_flax
 from ._model import hinge as hinge
 from ._model import num_params as num_params
 from ._model import squared_error as squared_error
+from ._zoo import MLP as MLP
 from ._zoo import DittoFMNISTCNN as DittoFMNISTCNN
 from ._zoo import ditto_fmnist_cnn as ditto_fmnist_cnn
 from ._zoo import linear_regression as linear_regression
@@ -26,6 +29,7 @@ from ._zoo_papers import FedAvgCNN as FedAvgCNN
 from ._zoo_papers import LindtCIFARCNN as LindtCIFARCNN
 from ._zoo_papers import LinearSVM as LinearSVM
 from ._zoo_papers import TorchLSTM as TorchLSTM
+from ._zoo_papers import as_image as as_image
 from ._zoo_papers import ditto_celeba_cnn as ditto_celeba_cnn
 from ._zoo_papers import ditto_femnist_cnn as ditto_femnist_cnn
 from ._zoo_papers import ditto_vehicle_svm as ditto_vehicle_svm

@@ -64,7 +64,7 @@ def _torch_conv(x, features: int, kernel: int, padding: str = "VALID"):
     )(x)
 
 
-def _as_image(x, shape: tuple[int, int, int]):
+def as_image(x, shape: tuple[int, int, int]):
     """``[B, H, W, C]`` from NHWC or flattened (HWC order) inputs."""
     if x.ndim == 4:
         return x
@@ -97,7 +97,7 @@ class DittoFEMNISTCNN(nn.Module):
 
     @nn.compact
     def __call__(self, x, train: bool = False):
-        x = _as_image(x, (28, 28, 1))
+        x = as_image(x, (28, 28, 1))
         drop = not (self.dropout and train)
         x = nn.relu(Conv(16, (5, 5), padding="SAME", kernel_init=_glorot)(x))
         x = max_pool(x, (2, 2), (2, 2))
@@ -145,7 +145,7 @@ class DittoCelebACNN(nn.Module):
 
     @nn.compact
     def __call__(self, x):
-        x = _as_image(x, (84, 84, 3))
+        x = as_image(x, (84, 84, 3))
         for _ in range(4):
             x = Conv(32, (3, 3), padding="SAME", kernel_init=_glorot)(x)
             x = BatchStatNorm()(x)
@@ -203,7 +203,7 @@ class FedAvgCNN(nn.Module):
 
     @nn.compact
     def __call__(self, x):
-        x = _as_image(x, self.image_shape)
+        x = as_image(x, self.image_shape)
         x = max_pool(nn.relu(_torch_conv(x, 32, 5)), (2, 2), (2, 2))
         x = max_pool(nn.relu(_torch_conv(x, 64, 5)), (2, 2), (2, 2))
         x = x.reshape(x.shape[0], -1)
@@ -239,7 +239,7 @@ class LindtCIFARCNN(nn.Module):
 
     @nn.compact
     def __call__(self, x, train: bool = False):
-        x = _as_image(x, (32, 32, 3))
+        x = as_image(x, (32, 32, 3))
         drop = not (self.dropout and train)
         x = max_pool(nn.relu(_torch_conv(x, 32, 5)), (2, 2), (2, 2))
         x = max_pool(nn.relu(_torch_conv(x, 64, 5)), (2, 2), (2, 2))

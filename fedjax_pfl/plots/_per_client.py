@@ -16,8 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_pfl.core._drivers import evaluate_state
-from fedjax_pfl.core._types import Algorithm, AlgorithmState
+from fedjax_pfl.core import Algorithm, AlgorithmState, evaluate_state
 
 
 def _kwargs(data, split: str, metric: str) -> dict:

@@ -24,6 +24,7 @@ from ._clip import example_loss as example_loss
 from ._ghost import ghost_plan as ghost_plan
 from ._local import NORMALIZERS as NORMALIZERS
 from ._local import DPConfig as DPConfig
+from ._local import dp_batches as dp_batches
 from ._local import dp_local_train as dp_local_train
 from ._local import make_dp_config as make_dp_config
 from ._monitor import Monitor as Monitor

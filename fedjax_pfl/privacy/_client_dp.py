@@ -20,7 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_pfl.aggregators import Aggregator
-from fedjax_pfl.core._clients import check_nonnegative, is_concrete
+from fedjax_pfl.core import KeyTag
+from fedjax_pfl.validation import check_nonnegative, is_concrete
 
 from ._clip import clip_factor, tree_sq_norms
 from ._noise import gaussian_noise, noise_std
@@ -63,7 +64,7 @@ def client_level_dp(aggregator: Aggregator, clip, noise_multiplier) -> Aggregato
                                           losses=losses)
         m = jnp.maximum(jnp.sum(mask > 0), 1).astype(jnp.float32)
         std = noise_std(clip, noise_multiplier) / m
-        noise = gaussian_noise(jax.random.fold_in(key, 0x0D9), agg, std)
+        noise = gaussian_noise(jax.random.fold_in(key, KeyTag.CLIENT_DP_NOISE), agg, std)
         return jax.tree.map(jnp.add, agg, noise), state
 
     return Aggregator(aggregator.init, aggregate, None, aggregator.needs_losses)

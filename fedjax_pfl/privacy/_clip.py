@@ -25,8 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_pfl.core._clients import is_concrete
-from fedjax_pfl.models._model import Model, Params
+from fedjax_pfl.models import Model, Params
+from fedjax_pfl.validation import is_concrete
 
 from ._ghost import ghost_losses_and_norms, ghost_plan, ghost_weighted_grad
 

@@ -36,8 +36,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from fedjax_pfl.models._conv import channel_last, conv_general_dilated
-from fedjax_pfl.models._model import Model
+from fedjax_pfl.models import Model, channel_last, conv_general_dilated
 
 
 class _Layer(NamedTuple):

@@ -10,15 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedjax_pfl.core import run_steps
-from fedjax_pfl.core._clients import check_nonnegative, check_positive, is_concrete
-from fedjax_pfl.core._local import mean_over_steps
-from fedjax_pfl.data._federated import (
-    SAMPLING_MODES,
-    client_batch_indices,
-    gather_batch,
-)
-from fedjax_pfl.models._model import Model, Params
+from fedjax_pfl.core import KeyTag, mean_over_steps, run_steps
+from fedjax_pfl.data import SAMPLING_MODES, client_batch_indices, gather_batch
+from fedjax_pfl.models import Model, Params
+from fedjax_pfl.validation import check_nonnegative, check_positive, is_concrete
 
 from ._clip import FAIR_CLIP_MODES, METHODS
 from ._noise import private_grad
@@ -26,7 +21,6 @@ from ._sampling import check_rate, default_max_batch_size, poisson_batch_indices
 
 NORMALIZERS = ("realized", "expected")
 DP_SAMPLING = ("poisson", *SAMPLING_MODES)
-NOISE_TAG = 13  # fold_in tag of the DP noise stream (batches use the key itself)
 
 
 class DPConfig(NamedTuple):
@@ -142,7 +136,7 @@ def dp_local_train(
     Each step draws a batch (Poisson with rate ``dp.sampling_rate``, or a mode of
     :func:`fedjax_pfl.data.client_batch_indices`), clips each example's gradient
     to ``dp.clip``, adds ``N(0, (sigma C)^2)`` to the sum and divides by the
-    normaliser. Noise keys are ``fold_in(fold_in(key, NOISE_TAG), step)``.
+    normaliser. Noise keys are ``fold_in(fold_in(key, KeyTag.DP_NOISE), step)``.
     ``weight_fn(losses, mask)`` gives per-example (fairness) weights, clipped by
     ``dp.fair_clip`` (see :func:`fedjax_pfl.privacy.clip_factor`).
     ``active_steps``, ``drop_last`` and ``num_passes`` are those of
@@ -158,7 +152,7 @@ def dp_local_train(
     rows, mask, truncated = dp_batches(split, client, key, num_steps=num_steps,
                                        batch_size=batch_size, sampling=sampling, dp=dp,
                                        drop_last=drop_last, num_passes=num_passes)
-    nkey = jax.random.fold_in(key, NOISE_TAG)
+    nkey = jax.random.fold_in(key, KeyTag.DP_NOISE)
     count = split.counts[client]
     opt = optax.sgd(lr)
     ghost = []
