@@ -38,8 +38,10 @@ from ._fedplus import fedgeomed_plus as fedgeomed_plus
 from ._fedplus import fedplus as fedplus
 from ._fedplus import fedplus_sgd as fedplus_sgd
 from ._fedprox import fedprox as fedprox
+from ._fedrep import fedrep as fedrep
 from ._l2sgd import L2SGDServerState as L2SGDServerState
 from ._l2sgd import l2sgd as l2sgd
+from ._lgfedavg import lg_fedavg as lg_fedavg
 from ._lindt import LindtClientState as LindtClientState
 from ._lindt import LindtServerState as LindtServerState
 from ._lindt import finetune_top as finetune_top

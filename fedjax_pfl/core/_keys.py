@@ -30,5 +30,6 @@ class KeyTag(enum.IntEnum):
     LINDT_NOISE = 22  # client key: LINDT's noise
     LINDT_FB = 23  # client key: LINDT's fine-tuning (FB) stream
     FEDFDP_LOSS_NOISE = 24  # FEDFDP_LOSS key: the released loss's noise (was 1)
+    FEDREP_HEAD = 25  # client key: FedRep's head-training minibatch stream
     NFL_PRIVATE_RUN = 99  # run key: the local-only run of private accuracies
     CLIENT_DP_NOISE = 217  # server key: client-level DP's aggregate noise

@@ -3,7 +3,8 @@
 Everything a method's factory needs, in one public module: the one-client
 local-training step, penalties, cohort resolution, the uploads (with the threat
 model's attacks), FedAvg's server half, finetuning, the key-tag registry and a
-plain ``round_step`` built from a one-client kernel. docs/extending.md walks
+plain ``round_step`` built from a one-client kernel, and splitting a model's
+layers into shared and personal parts. docs/extending.md walks
 through two methods written with it.
 
 A method is ``Algorithm(init, round_step, eval_models)``:
@@ -44,6 +45,11 @@ from ._finetune import FinetuneConfig as FinetuneConfig
 from ._finetune import finetune_all as finetune_all
 from ._finetune import finetune_views as finetune_views
 from ._finetune import make_finetune_config as make_finetune_config
+from ._partition import check_layers as check_layers
+from ._partition import freeze_layers as freeze_layers
+from ._partition import layer_names as layer_names
+from ._partition import merge_params as merge_params
+from ._partition import split_params as split_params
 from ._round import attack_delta as attack_delta
 from ._round import check_cohort as check_cohort
 from ._round import check_malicious as check_malicious
