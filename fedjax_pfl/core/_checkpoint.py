@@ -29,6 +29,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_pfl.validation import check_choice, check_dir, check_int
+
 FORMAT = 2  # 1: orbax StandardSave of host copies; 2: streamed .npy leaves
 KEEP = 2  # checkpoints kept
 BLOCK_BYTES = 64 << 20  # a leaf larger than this is written and read in row blocks
@@ -44,25 +46,25 @@ class Restored(NamedTuple):
 
 
 def validate(checkpoint_dir, checkpoint_every, resume, eval_every) -> int | None:
-    """Checks simulate's checkpoint arguments; returns the interval in rounds."""
+    """Checks simulate's checkpoint arguments before any work; returns the
+    interval in rounds. A ``checkpoint_dir`` that is a file, or lies under one,
+    is refused here rather than when the first checkpoint is written."""
     if checkpoint_dir is None:
         if checkpoint_every is not None:
             raise ValueError("checkpoint_every: needs checkpoint_dir")
         if resume:
             raise ValueError("resume: needs checkpoint_dir")
         return None
-    if not isinstance(checkpoint_dir, (str, os.PathLike)) or not str(checkpoint_dir):
-        raise ValueError(f"checkpoint_dir: must be a path, got {checkpoint_dir!r}")
-    if not isinstance(resume, bool):
-        raise ValueError(f"resume: must be True or False, got {resume!r}")
+    check_dir("checkpoint_dir", checkpoint_dir)
+    check_choice("resume", resume, (True, False))
     if checkpoint_every is None:
         return eval_every
-    if (not isinstance(checkpoint_every, (int, np.integer)) or checkpoint_every < 1
-            or checkpoint_every % eval_every):
+    every = check_int("checkpoint_every", checkpoint_every, lo=1)
+    if every % eval_every:
         raise ValueError(
             "checkpoint_every: must be a positive multiple of eval_every "
             f"({eval_every}), got {checkpoint_every!r}")
-    return int(checkpoint_every)
+    return every
 
 
 def _leaf_spec(x) -> dict[str, Any]:
@@ -198,7 +200,8 @@ def read_leaf(path, shape, dtype) -> jax.Array:
                              f"bytes), expected {shape} {dtype}")
         rows = _block_rows(shape, dtype)
         if not shape or rows == shape[0]:
-            return jnp.asarray(np.fromfile(f, dtype, int(np.prod(shape))).reshape(shape))
+            flat = np.fromfile(f, dtype, int(np.prod(shape)))
+            return jnp.asarray(flat.reshape(shape))
         out = jnp.zeros(shape, dtype)
         row = nbytes // shape[0]
         for start in _block_starts(shape[0], rows):
@@ -311,8 +314,9 @@ class Checkpointer:
                         "the version that wrote it, or another directory.")
                 diff = sorted(k for k in set(fp) | set(old) if fp.get(k) != old.get(k))
                 raise ValueError(
-                    f"checkpoint_dir: {self.directory} holds a checkpoint of a different "
-                    f"run (differs in: {', '.join(diff)}); refusing to resume. Use the "
+                    f"checkpoint_dir: {self.directory} holds a checkpoint of a "
+                    f"different run (differs in: {', '.join(diff)}); refusing to "
+                    "resume. Use the "
                     "same key, num_rounds, eval_every, starting state, algorithm state "
                     "structure and privacy monitor, or another directory.")
             for newer in steps[steps.index(step) + 1:]:

@@ -1,5 +1,14 @@
 """Drivers: ``simulate`` (rounds as one lax.scan between evaluations) and
-``sweep`` (a whole simulation vmapped over float hyperparameters)."""
+``sweep`` (a whole simulation vmapped over float hyperparameters).
+
+Both check everything they can before the first round (docs/engine.md,
+"Validation"): the run's arguments, the output paths, the evaluation options
+(split names, the ``[num_clients]`` mask), the data against the evaluated models
+(features that fit the model's input, labels inside its classes: found by
+tracing, no computation) and the round itself (traced once before any round
+runs, so an algorithm that cannot run on this data, e.g. a cohort larger than
+the number of clients, fails before the first evaluation or file is written).
+"""
 
 from __future__ import annotations
 
@@ -13,8 +22,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_pfl.data import FederatedData
+from fedjax_pfl.models import cross_entropy
+from fedjax_pfl.validation import check_choice, check_file, check_int, is_concrete
+
 from . import _checkpoint
-from ._eval import evaluate
+from ._eval import check_eval_args, evaluate
 from ._keys import KeyTag
 from ._types import Algorithm, AlgorithmState
 
@@ -29,7 +42,9 @@ class SimulationResult(NamedTuple):
     def rounds_run(self) -> int:
         """Rounds from the first history row to the last (fewer than
         ``num_rounds`` when a privacy target stopped the run)."""
-        return self.history[-1]["round"] - self.history[0]["round"] if self.history else 0
+        if not self.history:
+            return 0
+        return self.history[-1]["round"] - self.history[0]["round"]
 
     @property
     def privacy_stopped(self) -> bool:
@@ -38,18 +53,86 @@ class SimulationResult(NamedTuple):
 
 
 def _validate_run(num_rounds, eval_every, key) -> int:
-    if not isinstance(num_rounds, (int, np.integer)) or num_rounds < 1:
-        raise ValueError(f"num_rounds: must be a positive integer, got {num_rounds!r}")
-    if eval_every is None:
-        eval_every = num_rounds
-    if not isinstance(eval_every, (int, np.integer)) or eval_every < 1:
-        raise ValueError(f"eval_every: must be a positive integer, got {eval_every!r}")
-    if not (isinstance(key, jax.Array) and jnp.issubdtype(key.dtype, jax.dtypes.prng_key)):
+    check_int("num_rounds", num_rounds, lo=1)
+    eval_every = check_int("eval_every", num_rounds if eval_every is None
+                           else eval_every, lo=1)
+    if not (isinstance(key, jax.Array)
+            and jnp.issubdtype(key.dtype, jax.dtypes.prng_key)):
         raise ValueError(
             "key: must be a typed PRNG key from jax.random.key(seed), "
             f"got {type(key).__name__}"
         )
-    return int(eval_every)
+    return eval_every
+
+
+def _validate_data(data) -> None:
+    if not isinstance(data, FederatedData):
+        raise ValueError("data: must be a fedjax_pfl.data.FederatedData, got "
+                         f"{type(data).__name__}")
+
+
+def _validate_algorithm(algorithm) -> None:
+    if not all(callable(getattr(algorithm, a, None))
+               for a in ("init", "round_step", "eval_models")):
+        raise ValueError("algorithm: must be a fedjax_pfl.Algorithm (init, "
+                         f"round_step, eval_models), got {type(algorithm).__name__}")
+
+
+_EVAL_OPTIONS = ("splits", "mask", "metrics", "per_client")
+
+
+def check_models(views, data) -> dict[str, int]:
+    """Static checks of the evaluated models against ``data``: one example's
+    features must fit each model's input (``jax.eval_shape`` of its ``apply``:
+    no computation). Returns ``{view: number of classes}`` for the views with
+    a cross-entropy loss, whose labels :func:`check_labels` then checks."""
+    classes = {}
+    shapes = {(s.x.shape[1:], s.x.dtype) for s in data.splits().values()}
+    for name, view in views.items():
+        def one(p, per_client=view.per_client):
+            return jax.ShapeDtypeStruct(p.shape[1:] if per_client else p.shape,
+                                        p.dtype)
+
+        params = jax.tree.map(one, view.params)
+        for shape, dtype in sorted(shapes, key=str):
+            example = jax.ShapeDtypeStruct((1, *shape), dtype)
+            try:
+                out = jax.eval_shape(view.model.apply, params, example)
+            except Exception as e:  # the model's own shape error, rephrased
+                raise ValueError(
+                    f"data: features of shape {tuple(shape)} ({dtype}) do not match "
+                    f"the model's input (evaluated model {name!r}): "
+                    f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                ) from e
+        if view.model.loss is cross_entropy and getattr(out, "ndim", 0) >= 1:
+            classes[name] = int(out.shape[-1])
+    return classes
+
+
+def check_labels(data, classes: Mapping[str, int]) -> None:
+    """``ValueError`` unless every split's labels are class indices in
+    ``[0, C)`` for each cross-entropy model with ``C`` outputs (on the host;
+    out-of-range labels would otherwise give silent garbage inside jit)."""
+    if not classes:
+        return
+    name, num = min(classes.items(), key=lambda kv: kv[1])
+    for split_name, split in data.splits().items():
+        y = split.y
+        if not is_concrete(y) or y.size == 0:
+            continue
+        with jax.ensure_compile_time_eval():  # concrete even inside a trace
+            if not jnp.issubdtype(y.dtype, jnp.integer) and not bool(
+                    jnp.all(y == jnp.round(y))):
+                raise ValueError(f"data: labels of the {split_name!r} split must be "
+                                 f"integer class indices for model {name!r} "
+                                 f"(cross-entropy), got dtype {y.dtype} with "
+                                 "fractional values")
+            lo, hi = float(jnp.min(y)), float(jnp.max(y))
+        if lo < 0 or hi >= num:
+            raise ValueError(
+                f"data: labels of the {split_name!r} split must be class indices in "
+                f"[0, {num}) for model {name!r} ({num} outputs), got labels in "
+                f"[{lo:g}, {hi:g}]")
 
 
 def _validate_privacy(privacy) -> None:
@@ -84,12 +167,23 @@ def run_rounds(algorithm: Algorithm, state, data, key, num_rounds: int):
     return state, jax.tree.map(lambda m: jnp.mean(m, axis=0), metrics)
 
 
-def _evaluate(algorithm, state, data, key, eval_kwargs, views=None):
-
+def _evaluate(algorithm, state, data, key, eval_kwargs, views=None, classes=None):
+    """``algorithm``'s views of ``state`` evaluated on ``data``; checks the models
+    against the data first (labels too when ``data`` is concrete; else the
+    classes found go into ``classes`` for the caller to check after tracing)."""
     ekey = jax.random.fold_in(jax.random.fold_in(key, KeyTag.EVAL), state.round)
     models = algorithm.eval_models(state, data, ekey)
     if views is not None:
+        unknown = [v for v in views if v not in models]
+        if unknown:
+            raise ValueError(f"views: unknown {unknown}; this algorithm evaluates "
+                             f"{tuple(models)}")
         models = {k: v for k, v in models.items() if k in views}
+    found = check_models(models, data)
+    if classes is not None:
+        classes.update(found)
+    if is_concrete(data.train.y):
+        check_labels(data, found)
     return evaluate(models, data, **eval_kwargs)
 
 
@@ -106,8 +200,24 @@ def evaluate_state(algorithm: Algorithm, state: AlgorithmState, data, *,
       key: the ``key`` given to :func:`simulate`.
       views: the ``eval_models`` names to evaluate (default: all).
       **eval_kwargs: :func:`fedjax_pfl.metrics.evaluate`'s options (``splits``,
-        ``per_client``, ``mask``, ...).
+        ``per_client``, ``mask``, ``metrics``).
+
+    Raises:
+      ValueError: before any evaluation: an unknown option, split, metric or
+        view name; a mask that is not one 0/1 flag per client; features that do
+        not fit a model's input; labels outside a cross-entropy model's classes
+        (checked when ``data`` is concrete, i.e. not under ``jit``).
     """
+    _validate_algorithm(algorithm)
+    _validate_data(data)
+    unknown = sorted(set(eval_kwargs) - set(_EVAL_OPTIONS))
+    if unknown:
+        raise ValueError(f"eval_kwargs: unknown option(s) {unknown}; evaluate takes "
+                         f"{_EVAL_OPTIONS}")
+    check_eval_args(data, **eval_kwargs)
+    if views is not None and (isinstance(views, str)
+                              or not all(isinstance(v, str) for v in views)):
+        raise ValueError(f"views: must be a sequence of view names, got {views!r}")
     run_key = jax.random.split(key)[1]
     return _evaluate(algorithm, state, data, run_key, eval_kwargs, views)
 
@@ -117,7 +227,8 @@ def _row(round_, eval_metrics, train_metrics, extra=None) -> dict[str, Any]:
     for d in (train_metrics or {}), eval_metrics:
         for k, v in d.items():
             a = np.asarray(v)
-            row[k] = a.tolist() if a.ndim else (float(a) if a.dtype.kind == "f" else int(a))
+            row[k] = a.tolist() if a.ndim else (
+                float(a) if a.dtype.kind == "f" else int(a))
     if extra:
         row.update(extra)
     return row
@@ -163,7 +274,8 @@ def simulate(
         benign clients).
       splits: splits to evaluate.
       progress: show a progress bar (tqdm) with rounds/s and the latest metrics.
-      jsonl_path: append each history row to this JSON-lines file.
+      jsonl_path: append each history row to this JSON-lines file (its folder
+        is created if needed).
       state: continue from this state instead of ``algorithm.init``.
       callback: called with ``(state, row)`` after every evaluation (after the
         checkpoint of that evaluation, if any, is written).
@@ -186,20 +298,45 @@ def simulate(
       evaluation (the first at the starting round).
 
     Raises:
-      ValueError: invalid arguments; ``resume`` with a checkpoint of another run
-        (different key, schedule, starting state or privacy monitor); a
-        ``checkpoint_dir`` that holds checkpoints without ``resume``.
+      ValueError: before the first evaluation, round or file written: invalid
+        arguments (naming the argument); unknown split names; an ``eval_mask``
+        that is not one 0/1 flag per client; a ``checkpoint_dir`` or
+        ``jsonl_path`` that cannot be written (a file where a folder is needed,
+        or the reverse); features of ``data`` that do not fit an evaluated
+        model's input, or labels outside a cross-entropy model's classes
+        (``data: ...``); whatever the algorithm refuses when its round is
+        traced for ``data`` (e.g. a cohort larger than the number of clients);
+        ``resume`` with a checkpoint of another run (different key, schedule,
+        starting state or privacy monitor); a ``checkpoint_dir`` that holds
+        checkpoints without ``resume``.
     """
     eval_every = _validate_run(num_rounds, eval_every, key)
     checkpoint_every = _checkpoint.validate(checkpoint_dir, checkpoint_every, resume,
                                             eval_every)
     _validate_privacy(privacy)
+    _validate_algorithm(algorithm)
+    _validate_data(data)
+    splits = check_eval_args(data, splits=splits, mask=eval_mask,
+                             mask_name="eval_mask")
+    check_file("jsonl_path", jsonl_path)
+    if callback is not None and not callable(callback):
+        raise ValueError(f"callback: must be callable or None, got {callback!r}")
+    check_choice("scan_rounds", scan_rounds, (True, False, None))
+    if state is not None and not isinstance(state, AlgorithmState):
+        raise ValueError("state: must be an AlgorithmState (e.g. a previous run's "
+                         f"SimulationResult.state), got {type(state).__name__}")
     init_key, run_key = jax.random.split(key)
+    template = state if state is not None else jax.eval_shape(
+        lambda k: algorithm.init(k, data), init_key)
+    # Trace (no computation) the evaluation and the first chunk of rounds now:
+    # a model that does not fit the data, labels outside its classes or a round
+    # that cannot run on this data fail before any file is written. jit reuses
+    # these traces for the real calls.
+    chunk, evaluate, preflight = _compile(algorithm, eval_mask, splits, scan_rounds)
+    preflight(template, data, run_key, _chunk_lengths(num_rounds, eval_every)[0])
     ckpt = restored = fingerprint = fh = bar = None
     try:
         if checkpoint_dir is not None:
-            template = state if state is not None else jax.eval_shape(
-                lambda k: algorithm.init(k, data), init_key)
             fingerprint = _checkpoint.fingerprint(
                 num_rounds=num_rounds, eval_every=eval_every, run_key=run_key,
                 start_round=None if state is None else int(state.round),
@@ -220,13 +357,14 @@ def simulate(
                 state = algorithm.init(init_key, data)
             else:  # the state is donated below: never consume the caller's arrays
                 state = jax.tree.map(jnp.copy, state)
-        chunk, evaluate = _compile(algorithm, eval_mask, splits, scan_rounds)
         lengths = _chunk_lengths(num_rounds, eval_every)
         todo = lengths[list(np.cumsum(lengths)).index(done) + 1 if done else 0:]
         # multi-process runs: every process runs the same program; only the
         # first writes the history file and shows the progress bar
         main_process = jax.process_index() == 0
-        fh = open(jsonl_path, "a") if jsonl_path and main_process else None
+        if jsonl_path and main_process:
+            os.makedirs(os.path.dirname(os.path.abspath(jsonl_path)), exist_ok=True)
+            fh = open(jsonl_path, "a")
 
         def record(row, done, next_chunk):
             if privacy is not None:
@@ -276,13 +414,20 @@ def simulate(
 
 
 def _compile(algorithm, eval_mask, splits, scan_rounds):
-    """The jitted chunk of rounds (state donated) and the jitted evaluation."""
+    """The jitted chunk of rounds (state donated), the jitted evaluation, and
+    ``preflight(state, data, key, n)``: traces both (no computation; the traces
+    are reused by the calls) and checks the labels against the models found."""
     eval_kwargs = {"splits": tuple(splits), "mask": eval_mask}
+    classes: dict[str, int] = {}
     if scan_rounds is None:
         scan_rounds = jax.default_backend() != "cpu"
     if scan_rounds:
-        chunk = jax.jit(lambda s, d, k, n: run_rounds(algorithm, s, d, k, n),
-                        static_argnums=3, donate_argnums=0)
+        scan = jax.jit(lambda s, d, k, n: run_rounds(algorithm, s, d, k, n),
+                       static_argnums=3, donate_argnums=0)
+        chunk = scan
+
+        def trace_round(s, d, k, n):
+            scan.trace(s, d, k, n)
     else:
         one = jax.jit(algorithm.round_step, donate_argnums=0)
 
@@ -293,8 +438,18 @@ def _compile(algorithm, eval_mask, splits, scan_rounds):
                 rows.append(m)
             return s, jax.tree.map(lambda *a: jnp.mean(jnp.stack(a), axis=0), *rows)
 
-    evaluate = jax.jit(lambda s, d, k: _evaluate(algorithm, s, d, k, eval_kwargs))
-    return chunk, evaluate
+        def trace_round(s, d, k, n):
+            one.trace(s, d, k)
+
+    evaluate = jax.jit(lambda s, d, k: _evaluate(algorithm, s, d, k, eval_kwargs,
+                                                 classes=classes))
+
+    def preflight(state, data, key, n):
+        evaluate.trace(state, data, key)
+        check_labels(data, classes)
+        trace_round(state, data, key, n)
+
+    return chunk, evaluate, preflight
 
 
 def _postfix(row: Mapping[str, Any]) -> dict[str, str]:
@@ -328,10 +483,20 @@ def sweep(
     Returns:
       ``(states, history)``: final states with a leading ``S`` axis, and a dict of
       metrics with shape ``[S, num_evals]`` plus ``history['round']``.
+
+    Raises:
+      ValueError: as :func:`simulate`, before any computation (the whole program
+        is traced first).
     """
     eval_every = _validate_run(num_rounds, eval_every, key)
-    if not hparams:
-        raise ValueError("hparams: give at least one hyperparameter to sweep")
+    if not callable(make_algorithm):
+        raise ValueError(f"make_algorithm: must be callable, got {make_algorithm!r}")
+    _validate_data(data)
+    splits = check_eval_args(data, splits=splits, mask=eval_mask,
+                             mask_name="eval_mask")
+    if not isinstance(hparams, Mapping) or not hparams:
+        raise ValueError("hparams: give at least one hyperparameter to sweep, as "
+                         f"{{name: values}}, got {hparams!r}")
     values = {k: jnp.asarray(v, jnp.float32) for k, v in hparams.items()}
     sizes = {k: v.shape for k, v in values.items()}
     if any(len(s) != 1 for s in sizes.values()) or len(
@@ -343,18 +508,22 @@ def sweep(
         )
     init_key, run_key = jax.random.split(key)
     lengths = _chunk_lengths(num_rounds, eval_every)
-    eval_kwargs = {"splits": tuple(splits), "mask": eval_mask}
+    eval_kwargs = {"splits": splits, "mask": eval_mask}
+    classes: dict[str, int] = {}
 
     def run(hp, d):
         alg = make_algorithm(**hp)
         state = alg.init(init_key, d)
-        evals = [_evaluate(alg, state, d, run_key, eval_kwargs)]
+        evals = [_evaluate(alg, state, d, run_key, eval_kwargs, classes=classes)]
         for n in lengths:
             state, _ = run_rounds(alg, state, d, run_key, n)
             evals.append(_evaluate(alg, state, d, run_key, eval_kwargs))
         return state, jax.tree.map(lambda *a: jnp.stack(a), *evals)
 
-    states, metrics = jax.jit(jax.vmap(run, in_axes=(0, None)))(values, data)
+    program = jax.jit(jax.vmap(run, in_axes=(0, None)))
+    program.trace(values, data)  # every check fires here, before any computation
+    check_labels(data, classes)
+    states, metrics = program(values, data)
     history = {k: np.asarray(v) for k, v in metrics.items()}
     history["round"] = np.cumsum([0] + lengths)
     return states, history

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from fedjax_pfl.data import Split
 from fedjax_pfl.models import Model
+from fedjax_pfl.validation import check_choice, check_int, check_mask, check_number
 
 from ._clients import default_strategy
 from ._types import ModelView
@@ -20,10 +20,31 @@ def _per_example(model: Model, params, x, y):
     return model.loss(out, y), model.metric(out, y)
 
 
-def _check_size(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name}: must be a positive integer, got {value!r}")
-    return int(value)
+SPLITS = ("train", "val", "test")
+METRICS = ("accuracy", "loss")
+
+
+def check_eval_args(data, *, splits=SPLITS, mask=None, metrics=METRICS,
+                    per_client: bool = False, mask_name: str = "mask"
+                    ) -> tuple[str, ...]:
+    """Checks :func:`evaluate`'s options against ``data``; returns the splits
+    as a tuple. Static (works on traced data and masks); ``mask_name`` is the
+    caller's name for the mask (``simulate``'s ``eval_mask``)."""
+    if isinstance(splits, str) or not hasattr(splits, "__iter__"):
+        raise ValueError(f"splits: must be a sequence of split names from {SPLITS}, "
+                         f"got {splits!r}")
+    splits = tuple(splits)
+    for name in splits:
+        check_choice("splits", name, SPLITS)
+    if isinstance(metrics, str) or not hasattr(metrics, "__iter__"):
+        raise ValueError(f"metrics: must be a sequence of names from {METRICS}, "
+                         f"got {metrics!r}")
+    for name in metrics:
+        check_choice("metrics", name, METRICS)
+    if mask is not None:
+        check_mask(mask_name, mask, data.num_clients)
+    check_choice("per_client", per_client, (True, False))
+    return splits
 
 
 def _shared_sums(model: Model, params, split: Split, chunk: int):
@@ -142,10 +163,10 @@ def evaluate_split(
     Raises:
       ValueError: a size that is not a positive integer.
     """
-    chunk_size = _check_size("chunk_size", chunk_size)
-    row_chunk = _check_size("row_chunk", row_chunk)
-    if clients_per_step is not None:
-        clients_per_step = _check_size("clients_per_step", clients_per_step)
+    chunk_size = check_int("chunk_size", chunk_size, lo=1)
+    row_chunk = check_int("row_chunk", row_chunk, lo=1)
+    clients_per_step = check_int("clients_per_step", clients_per_step, lo=1,
+                                 allow_none=True)
     counts = split.counts
     if not view.per_client:
         loss_sum, score_sum = _shared_sums(view.model, view.params, split, chunk_size)
@@ -183,7 +204,14 @@ def summarize(
       ``sum_i p_i (v_i - sum_j p_j v_j)^2`` with ``p`` the normalized
       ``psi_weights`` (FedFDP's fairness measure Psi, eq. 6, with ``p_i``
       proportional to the clients' training-set sizes).
+
+    Raises:
+      ValueError: ``tail`` not in (0, 1], or a ``mask`` that is not one flag
+        per client.
     """
+    check_number("tail", tail, lo=0.0, hi=1.0, lo_open=True)
+    if mask is not None:
+        check_mask("mask", mask, values.shape[0])
     valid = jnp.isfinite(values)
     if mask is not None:
         valid = valid & (mask > 0)
@@ -233,8 +261,16 @@ def evaluate(
     Returns a flat dict ``"{model}/{split}/{metric}/{summary}"`` (summaries of
     :func:`summarize`, ``psi`` weighted by training-set sizes; and, with
     ``per_client=True``, also ``"{model}/{split}/{metric}/per_client"`` arrays).
-    ``mask`` restricts the summaries to some clients (e.g. benign ones).
+    ``mask`` restricts the summaries to some clients (e.g. benign ones). A split
+    that ``data`` does not have (e.g. ``val``) is skipped.
+
+    Raises:
+      ValueError: an unknown split or metric name, or a ``mask`` that is not a
+        ``[num_clients]`` 0/1 mask (checked before any work; a traced mask has
+        only its shape checked).
     """
+    splits = check_eval_args(data, splits=splits, mask=mask, metrics=metrics,
+                             per_client=per_client)
     out = {}
     for split_name in splits:
         split = getattr(data, split_name)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import fedjax_pfl as fp
-from fedjax_pfl import algorithms, models
+from fedjax_pfl import algorithms, metrics, models
 from fedjax_pfl import data as fdata
 
 MODEL = models.logistic_regression((10,), 3)
@@ -79,10 +79,15 @@ def test_invalid_algorithm_arguments(kwargs, match):
         make(kwargs.pop("client_lr", 0.1), **kwargs)
 
 
-def test_cohort_larger_than_clients_rejected_before_work(data):
+def test_cohort_larger_than_clients_rejected_before_work(tmp_path, data):
+    # the algorithm checks its cohort when its round is built for the data: the
+    # round is traced before the first evaluation, so nothing is written
     alg = make(0.1, cohort_size=50)
     with pytest.raises(ValueError, match="cohort_size"):
-        fp.simulate(alg, data, num_rounds=1, key=jax.random.key(0), progress=False)
+        fp.simulate(alg, data, num_rounds=1, key=jax.random.key(0), progress=False,
+                    jsonl_path=str(tmp_path / "h.jsonl"),
+                    checkpoint_dir=str(tmp_path / "ck"))
+    assert not (tmp_path / "h.jsonl").exists() and not (tmp_path / "ck").exists()
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -162,3 +167,130 @@ def test_evaluate_state_reproduces_simulates_last_evaluation(data):
                               splits=("test",), per_client=True)
     assert not np.allclose(np.asarray(other["finetuned/test/loss/per_client"]),
                            np.asarray(ev["finetuned/test/loss/per_client"]))
+
+
+# ------------------------------------- refused before any round (or any file)
+
+
+def _clients(dim=10, labels=(0, 1, 2), num_clients=6, rows=8, seed=0):
+    rng = np.random.default_rng(seed)
+    return [(rng.normal(size=(rows, dim)).astype(np.float32),
+             rng.choice(np.asarray(labels), rows).astype(np.int32))
+            for _ in range(num_clients)]
+
+
+def _refused_before_any_work(tmp_path, data, match, alg=None, **kwargs):
+    """simulate raises ``match`` and wrote nothing: no history row, no
+    checkpoint folder (so no round and no evaluation ran)."""
+    kw = dict(num_rounds=2, key=jax.random.key(0), progress=False,
+              jsonl_path=str(tmp_path / "h.jsonl"),
+              checkpoint_dir=str(tmp_path / "ck"))
+    kw.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        fp.simulate(alg or make(0.1), data, **kw)
+    assert not (tmp_path / "h.jsonl").exists()
+    assert not (tmp_path / "ck").exists()
+
+
+BAD_LABELS = r"data: labels of the 'train' split must be class indices in \[0, 3\)"
+BAD_FEATURES = r"data: features of shape \(12,\) \(float32\) do not match the model"
+
+
+def test_labels_outside_the_models_classes_are_refused(tmp_path):
+    bad = fdata.from_client_arrays(_clients(labels=(0, 1, 5)),
+                                   test=_clients(num_clients=6, rows=3))
+    _refused_before_any_work(tmp_path, bad, BAD_LABELS + r".*got labels in \[0, 5\]")
+    neg = fdata.from_client_arrays(_clients(), test=_clients(labels=(-1, 0)))
+    _refused_before_any_work(tmp_path, neg, "labels of the 'test' split")
+    with pytest.raises(ValueError, match=BAD_LABELS):
+        fp.sweep(lambda lr: make(lr), {"lr": [0.1, 0.2]}, bad, num_rounds=1,
+                 key=jax.random.key(0))
+    state = make(0.1).init(jax.random.key(0), bad)
+    with pytest.raises(ValueError, match=BAD_LABELS):
+        fp.evaluate_state(make(0.1), state, bad, key=jax.random.key(0))
+
+
+def test_features_that_do_not_fit_the_model_are_refused(tmp_path):
+    wide = fdata.from_client_arrays(_clients(dim=12), test=_clients(dim=12))
+    _refused_before_any_work(tmp_path, wide, BAD_FEATURES)
+    with pytest.raises(ValueError, match=BAD_FEATURES):
+        fp.sweep(lambda lr: make(lr), {"lr": [0.1, 0.2]}, wide, num_rounds=1,
+                 key=jax.random.key(0))
+    narrow = fdata.from_client_arrays(_clients(dim=10))
+    state = make(0.1).init(jax.random.key(0), narrow)
+    with pytest.raises(ValueError, match=BAD_FEATURES):
+        fp.evaluate_state(make(0.1), state, wide, key=jax.random.key(0))
+
+
+def test_a_personal_model_is_checked_too(tmp_path):
+    wide = fdata.from_client_arrays(_clients(dim=12), test=_clients(dim=12))
+    alg = algorithms.ditto(MODEL, lam=0.5, client_lr=0.1, num_local_steps=2,
+                           batch_size=4, cohort_size=3)
+    _refused_before_any_work(tmp_path, wide, BAD_FEATURES, alg=alg)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(splits=("train", "valid")), r"splits: must be one of \('train', 'val'"),
+    (dict(splits="test"), "splits: must be a sequence of split names"),
+    (dict(eval_mask=np.ones(5)), r"eval_mask: must have shape \(6,\)"),
+    (dict(eval_mask=np.full(6, 0.5)), "eval_mask: must be a boolean mask"),
+    (dict(eval_mask=np.ones((6, 1))), r"eval_mask: must have shape \(6,\)"),
+])
+def test_evaluation_options_are_refused_before_any_work(tmp_path, data, kwargs,
+                                                        match):
+    _refused_before_any_work(tmp_path, data, match, **kwargs)
+    if "eval_mask" not in kwargs:
+        with pytest.raises(ValueError, match=match.split(":")[0]):
+            fp.sweep(lambda lr: make(lr), {"lr": [0.1]}, data, num_rounds=1,
+                     key=jax.random.key(0), **kwargs)
+
+
+def test_evaluate_state_options_are_checked(data):
+    alg = make(0.1)
+    state = alg.init(jax.random.key(0), data)
+    key = jax.random.key(0)
+    for kw, match in [
+        (dict(splits=("tst",)), "splits: must be one of"),
+        (dict(mask=np.ones(4)), r"mask: must have shape \(6,\)"),
+        (dict(metrics=("acc",)), "metrics: must be one of"),
+        (dict(per_client="yes"), "per_client: must be one of"),
+        (dict(bogus=1), r"eval_kwargs: unknown option\(s\) \['bogus'\]"),
+        (dict(views=("personal",)), r"views: unknown \['personal'\]"),
+        (dict(views="global"), "views: must be a sequence"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            fp.evaluate_state(alg, state, data, key=key, **kw)
+    # the same checks hold for the public evaluate
+    with pytest.raises(ValueError, match="splits"):
+        metrics.evaluate({}, data, splits=("training",))
+
+
+def test_output_paths_that_cannot_be_written_are_refused(tmp_path, data):
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    for kw, match in [
+        (dict(checkpoint_dir=str(a_file)), "checkpoint_dir: .* must be a folder"),
+        (dict(checkpoint_dir=str(a_file / "ck")), "checkpoint_dir: .* is a file"),
+        (dict(jsonl_path=str(tmp_path)), "jsonl_path: .* is a folder"),
+        (dict(jsonl_path=str(a_file / "h.jsonl")), "jsonl_path: cannot write"),
+    ]:
+        _refused_before_any_work(tmp_path, data, match, **kw)
+    assert a_file.read_text() == "x"
+
+
+def test_bad_types_of_the_other_arguments(data):
+    kw = dict(num_rounds=1, key=jax.random.key(0), progress=False)
+    for extra, match in [
+        (dict(data=object()), "data: must be a fedjax_pfl.data.FederatedData"),
+        (dict(algorithm=3), "algorithm: must be a fedjax_pfl.Algorithm"),
+        (dict(state={"w": 1}), "state: must be an AlgorithmState"),
+        (dict(callback=3), "callback: must be callable"),
+        (dict(scan_rounds="yes"), "scan_rounds: must be one of"),
+        (dict(num_rounds=2.0), "num_rounds: must be an integer"),
+        (dict(num_rounds=True), "num_rounds: must be an integer"),
+        (dict(eval_every=-1), "eval_every: must be an integer >= 1"),
+    ]:
+        args = dict(kw, algorithm=make(0.1), data=data)
+        args.update(extra)
+        with pytest.raises(ValueError, match=match):
+            fp.simulate(args.pop("algorithm"), args.pop("data"), **args)
