@@ -17,7 +17,7 @@ FedProx (``algorithms.apfl`` / ``fedprox``: same data, same DP through
 ``privacy.client_level_dp``; their attackers run as many steps as benign
 clients, see docs/lindt.md). beta = local accuracy - private-model accuracy,
 averaged over the benign clients (spec §7.4c), private models trained with
-``metrics.private_accuracy``. Reported: the mean over the last ``--tail``
+``experiments.private_accuracy``. Reported: the mean over the last ``--tail``
 evaluations.
 
     FEDJAX_PFL_DATA_DIR=/work/shared/data python benchmarks/lindt_nfl.py \\
@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_pfl import algorithms, metrics, models
+from fedjax_pfl import algorithms, experiments, metrics, models
 from fedjax_pfl.core import EngineConfig
 from fedjax_pfl.experiments import _presets_lindt as _lindt
 
@@ -148,7 +148,7 @@ def main(argv=None):
     dual = algorithms.dual_mlp((dim,), 10, tuple(args.hidden))
     d = models.num_params(dual.model.init(jax.random.key(0)))
     noise_std = _lindt.lindt_noise_std(dual, args.noise_std)
-    private_acc = metrics.private_accuracy(
+    private_acc = experiments.private_accuracy(
         dual.model, fd, jax.random.fold_in(key, 99), client_lr=args.lr,
         num_local_steps=args.private_steps, batch_size=10,
         num_rounds=args.private_rounds, eval_every=max(1, args.private_rounds // 10))

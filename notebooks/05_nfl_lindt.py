@@ -40,7 +40,7 @@ import jax
 import numpy as np
 
 import fedjax_pfl as fp
-from fedjax_pfl import algorithms, attacks, data, metrics, plots
+from fedjax_pfl import algorithms, attacks, data, experiments, metrics, plots
 
 SMOKE = os.environ.get("FEDJAX_PFL_NOTEBOOK_SMOKE") == "1"
 OUT = os.environ.get("FEDJAX_PFL_NOTEBOOK_OUT")
@@ -62,7 +62,7 @@ EPS, CLIP, NOISE_STD = 0.1, 5.0, 0.01
 # %% [markdown]
 # ## The harmful environment and the private reference models
 #
-# `metrics.private_accuracy` trains every client's private model alone (in the
+# `experiments.private_accuracy` trains every client's private model alone (in the
 # same engine) and returns each client's test accuracy `V_i^P`, taken at the
 # client's best evaluation (its default: an optimistic reference).
 
@@ -72,7 +72,7 @@ clean = data.fedprox_synthetic(1.0, 1.0, num_clients=NUM_CLIENTS, max_size=MAX_S
 fed, threat = attacks.setup_attack(clean, "A1", 0.2, num_classes=10, seed=0)
 dual = algorithms.dual_mlp((60,), 10, hidden=(32,))
 key = jax.random.key(0)
-private_acc = metrics.private_accuracy(
+private_acc = experiments.private_accuracy(
     dual.model, fed, jax.random.key(1), client_lr=0.05, batch_size=10,
     num_local_steps=LOCAL_STEPS, num_rounds=1 if SMOKE else 20,
     eval_every=1 if SMOKE else 5)

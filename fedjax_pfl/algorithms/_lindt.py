@@ -34,7 +34,7 @@ from fedjax_pfl.core import (
     tree_broadcast,
 )
 from fedjax_pfl.data import client_batch_indices, gather_batch
-from fedjax_pfl.metrics._nfl import (
+from fedjax_pfl.metrics import (
     EPS,
     R_PRIME,
     STOP_STREAK,

@@ -1,9 +1,11 @@
 """The papers' experiments as validated presets, their runner and the CLI."""
 
+from . import _presets, _presets_lindt  # noqa: F401  (register the presets)
 from ._config import Experiment as Experiment
 from ._config import Key as Key
 from ._config import Preset as Preset
 from ._config import resolve as resolve
-from ._presets import PRESETS as PRESETS
+from ._private import private_accuracy as private_accuracy
+from ._registry import PRESETS as PRESETS
 from ._run import get_preset as get_preset
 from ._run import run_preset as run_preset

@@ -10,21 +10,11 @@ from __future__ import annotations
 import numpy as np
 
 from fedjax_pfl import aggregators, algorithms, attacks, data, models, privacy
-from fedjax_pfl.core import EngineConfig
 
-from ._config import Experiment, Key, Preset, run_keys
-
-PRESETS: dict[str, Preset] = {}
-
-
-def _register(preset: Preset) -> Preset:
-    PRESETS[preset.name] = preset
-    return preset
-
-
-def engine(cfg) -> EngineConfig:
-    return EngineConfig(None if cfg["strategy"] == "auto" else cfg["strategy"])
-
+from ._config import Experiment, Key, Preset, check_attack, run_keys
+from ._registry import PRESETS as PRESETS
+from ._registry import engine
+from ._registry import register as _register
 
 # ------------------------------------------------------------------------ Ditto
 
@@ -57,6 +47,7 @@ def _ditto_keys(*, lr, batch, steps, lam, selection=("fixed", "paper", "greedy_s
 
 def ditto_experiment(cfg, fed, model, num_classes) -> Experiment:
     """Ditto Table 1 style run: one method under one attack."""
+    check_attack(cfg["attack"], cfg["ratio"], fed.num_clients)
     fed, threat = attacks.setup_attack(fed, cfg["attack"], cfg["ratio"],
                                        seed=cfg["seed"], num_classes=num_classes)
     common = dict(client_lr=cfg["lr"], num_local_steps=cfg["local_steps"],
@@ -202,12 +193,15 @@ def _fedplus(cfg):
     fed, model = fedplus_data(cfg["dataset"], cfg["seed"])
     s = fedplus_settings(cfg["dataset"])
     alg = fedplus_algorithm(
-        cfg["method"], model, lr=cfg["lr"] or s["lr"], sigma=cfg["sigma"] or s["sigma"],
-        batch=s["batch"], local_steps=cfg["local_steps"], cohort_size=cfg["cohort_size"],
+        cfg["method"], model, lr=cfg["lr"] or s["lr"],
+        sigma=cfg["sigma"] or s["sigma"], batch=s["batch"],
+        local_steps=cfg["local_steps"], cohort_size=cfg["cohort_size"],
         delta=cfg["delta"], agg_set=cfg["agg_set"], agg_method=cfg["agg_method"],
         engine=engine(cfg))
-    return Experiment(alg, fed, None, None, (FEDPLUS_VIEW.get(cfg["method"], "personal"),
-                                             "global"))
+    view = FEDPLUS_VIEW.get(cfg["method"], "personal")
+    views = (view,) if cfg["method"] == "local" else (view, "global")
+    views = tuple(dict.fromkeys(views))  # local has no global model; FedAvg's is it
+    return Experiment(alg, fed, None, None, views)
 
 
 _register(Preset(
@@ -336,4 +330,3 @@ _register(Preset(
     ("mnist", "fashion_mnist")))
 
 
-from . import _presets_lindt  # noqa: F401  (registers lindt-table3)

@@ -17,9 +17,12 @@ from fedjax_pfl import (
     models,
     privacy,
 )
+from fedjax_pfl.core import KeyTag
 
-from ._config import Experiment, Key, Preset, run_keys
-from ._presets import _register, engine
+from ._config import Experiment, Key, Preset, check_attack, preflight, run_keys
+from ._private import private_accuracy
+from ._registry import engine
+from ._registry import register as _register
 
 LINDT_METHODS = ("fedavg", "fb", "tm", "apfl", "fedprox", "lindt", "lindt_tm",
                  "lindt_detect")
@@ -33,6 +36,7 @@ def lindt_data(source: str, num_clients: int, attack_ratio: float, seed: int,
     """``(FederatedData, malicious mask, input dim)``: CIFAR-10 downsampled to
     16x16x3 and standardized (or a 10-class Gaussian mixture, ``synthetic``),
     LINDT's allocation, and the semantic backdoor on the malicious clients."""
+    check_attack("backdoor", attack_ratio, num_clients, "attack_ratio")
     if source == "cifar10":
         x_tr, y_tr, x_te, y_te = data.load_cifar10(layout="npy")
 
@@ -104,13 +108,16 @@ def _lindt(cfg):
         noise_std=noise, trim=cfg["trim"], eps=cfg["eps"],
         r_prime=cfg["r_prime"] or cfg["rounds"] // 2, fb_steps=cfg["fb_steps"],
         fb_lr=cfg["fb_lr"], engine=engine(cfg))
-    private = metrics.private_accuracy(
-        dual.model, fd, jax.random.fold_in(jax.random.key(cfg["seed"]), 99),
-        client_lr=cfg["lr"], num_local_steps=cfg["private_steps"], batch_size=10,
-        num_rounds=cfg["private_rounds"], eval_every=max(1, cfg["private_rounds"] // 10))
     benign = (~mal).astype(np.float32)
     view = DEPLOYED.get(m, "global")
     views = ("global",) if view == "global" else ("global", view)
+    # the run's checks (models vs data, one traced round) before the private
+    # reference models are trained
+    preflight(alg, fd, jax.random.key(cfg["seed"]), eval_mask=benign, views=views)
+    private = private_accuracy(
+        dual.model, fd, jax.random.fold_in(jax.random.key(cfg["seed"]), KeyTag.NFL_PRIVATE_RUN),
+        client_lr=cfg["lr"], num_local_steps=cfg["private_steps"], batch_size=10,
+        num_rounds=cfg["private_rounds"], eval_every=max(1, cfg["private_rounds"] // 10))
     return Experiment(alg, fd, benign, None, views,
                       {"noise_std": noise, "malicious": int(mal.sum()),
                        "private_acc_benign": 100 * float(np.nanmean(private[~mal]))},

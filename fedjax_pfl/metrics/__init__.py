@@ -4,6 +4,9 @@ from fedjax_pfl.core import evaluate as evaluate
 from fedjax_pfl.core import evaluate_split as evaluate_split
 from fedjax_pfl.core import summarize as summarize
 
+from ._nfl import EPS as EPS
+from ._nfl import R_PRIME as R_PRIME
+from ._nfl import STOP_STREAK as STOP_STREAK
 from ._nfl import DetectorState as DetectorState
 from ._nfl import add_gain as add_gain
 from ._nfl import client_gain as client_gain
@@ -16,6 +19,5 @@ from ._nfl import gain_callback as gain_callback
 from ._nfl import gain_metrics as gain_metrics
 from ._nfl import nfl_delta as nfl_delta
 from ._nfl import nfl_verdict as nfl_verdict
-from ._nfl import private_accuracy as private_accuracy
 from ._nfl import system_gain as system_gain
 from ._nfl import weight_divergence as weight_divergence

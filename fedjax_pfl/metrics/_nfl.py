@@ -20,7 +20,6 @@ round ``r_prime + 1``, one round after the paper's prose "when r reaches 250").
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -30,7 +29,6 @@ import numpy as np
 import optax
 
 from fedjax_pfl.validation import (
-    check_choice,
     check_count,
     check_int,
     check_positive,
@@ -139,36 +137,6 @@ def gain_callback(algorithm, data, private_acc, *, view: str | None = None,
         add_gain(row, acc(state, data), private_acc, alpha=alpha, mask=mask)
 
     return callback
-
-
-def private_accuracy(model, data, key, *, client_lr=0.1, num_local_steps=10,
-                     batch_size=10, num_rounds=20, eval_every=5, split="test",
-                     select="best", engine=None) -> np.ndarray:
-    """Per-client accuracy ``V_i^P`` of private models trained in the same engine
-    (``algorithms.local_only`` with every client every round).
-
-    The paper gives no recipe (spec §9.13). Here: SGD at ``client_lr``,
-    ``num_local_steps`` steps per round for ``num_rounds`` rounds, each client's
-    accuracy taken at its best evaluation (``select='best'``, optimistic, like
-    early stopping on the test split) or the last (``'last'``). Returns ``[N]``.
-    """
-    from fedjax_pfl.algorithms import local_only
-    from fedjax_pfl.core import simulate
-
-    check_choice("select", select, ("best", "last"))
-    alg = local_only(model, client_lr=client_lr, num_local_steps=num_local_steps,
-                     batch_size=batch_size, cohort="full", engine=engine)
-    acc = deployed_accuracy_fn(alg, split=split)
-    accs = []
-    simulate(alg, data, num_rounds=num_rounds, eval_every=eval_every, key=key,
-             splits=(), progress=False,
-             callback=lambda state, row: accs.append(np.asarray(acc(state, data))))
-    accs = np.stack(accs[1:])  # skip the untrained initial model
-    if select == "last":
-        return accs[-1]
-    with warnings.catch_warnings():  # clients without test rows stay NaN
-        warnings.simplefilter("ignore", RuntimeWarning)
-        return np.nanmax(accs, axis=0)
 
 
 # -------------------------------------------------------------------- detection
