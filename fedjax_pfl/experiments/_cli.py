@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 
 
@@ -105,29 +106,27 @@ def _run(args) -> int:
 
 
 def _demo(args) -> int:
-    from ._demo import DemoConfig, format_table, run_demo
+    from fedjax_pfl.validation import check_file
+
+    from ._demo import DemoConfig, check_demo, format_table, run_demo
 
     cfg = DemoConfig(**{f.name: getattr(args, f.name)
                         for f in dataclasses.fields(DemoConfig)})
-    for name in ("num_clients", "num_rounds", "eval_every", "cohort_size",
-                 "num_local_steps", "batch_size"):
-        if getattr(cfg, name) < 1:
-            raise SystemExit(f"--{name.replace('_', '-')}: must be >= 1")
-    if cfg.cohort_size > cfg.num_clients:
-        raise SystemExit("--cohort-size: must not exceed --num-clients")
-    from fedjax_pfl.attacks import ATTACKS
-
-    if cfg.attack not in ATTACKS:
-        raise SystemExit(f"--attack: must be one of {ATTACKS}, got {cfg.attack!r}")
-    if not 0.0 <= cfg.ratio < 1.0:
-        raise SystemExit(f"--ratio: must be in [0, 1), got {cfg.ratio}")
-    if cfg.lam < 0:
-        raise SystemExit(f"--lam: must be >= 0, got {cfg.lam}")
+    try:  # every option, and where --json goes, before any training
+        check_demo(cfg)
+        check_file("json", args.json)
+    except ValueError as e:
+        name, _, rest = str(e).partition(":")
+        raise SystemExit(f"fedjax-pfl demo: --{name.replace('_', '-')}:{rest}"
+                         ) from None
     print(f"fedjax-pfl demo: FedProx Synthetic({cfg.alpha}, {cfg.beta}), "
           f"{cfg.num_clients} clients, attack {cfg.attack} on {cfg.ratio:.0%} of "
           f"them, {cfg.num_rounds} rounds, {cfg.cohort_size} clients/round, "
           f"logistic regression, Ditto lambda={cfg.lam}")
-    final = run_demo(cfg, progress=not args.quiet)
+    try:
+        final = run_demo(cfg, progress=not args.quiet)
+    except ValueError as e:  # the data-dependent checks, before any round
+        raise SystemExit(f"fedjax-pfl demo: {e}") from None
     d = final["data"]
     print(f"\n{d['clients']} clients ({d['malicious']} malicious), "
           f"{d['train_examples']} train / {d['test_examples']} test examples")
@@ -136,14 +135,13 @@ def _demo(args) -> int:
           f"{final['ditto']['wall_seconds']:.1f} s, local "
           f"{final['local']['wall_seconds']:.1f} s")
     if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as fh:
             json.dump(final, fh, indent=1)
     return 0
 
 
 def _datasets(data_dir) -> int:
-    import os
-
     data_dir = data_dir or os.environ.get("FEDJAX_PFL_DATA_DIR")
     try:
         from fedjax_pfl.data import dataset_status, format_dataset_status

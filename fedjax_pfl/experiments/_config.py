@@ -13,6 +13,11 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
+import jax
+
+from fedjax_pfl.core import evaluate_state
+from fedjax_pfl.data import FederatedData
+
 
 @dataclasses.dataclass(frozen=True)
 class Key:
@@ -102,7 +107,8 @@ def run_keys(rounds: int, eval_every: int, strategy: str = "auto") -> dict[str, 
         "seed": Key(0, "seeds the data partition, the attackers and the run", low=0),
         "strategy": Key(strategy, "client-parallel strategy (auto: the backend's "
                         "measured default; unroll: the cohort without a loop, "
-                        "for small cohorts)", choices=("auto", "vmap", "map", "unroll")),
+                        "for small cohorts)",
+                        choices=("auto", "vmap", "map", "unroll")),
     }
 
 
@@ -135,8 +141,8 @@ def check_value(name: str, key: Key, value: Any) -> None:
     if key.choices is not None and value not in key.choices:
         raise ValueError(f"{name}: must be one of {list(key.choices)}, got {value!r}")
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if math.isnan(value):
-            raise ValueError(f"{name}: must be a number, got nan")
+        if not math.isfinite(value):
+            raise ValueError(f"{name}: must be a number (finite), got {value!r}")
         if key.low is not None and value < key.low:
             raise ValueError(f"{name}: must be >= {key.low}, got {value!r}")
         if key.high is not None and (value >= key.high if key.high_open
@@ -153,6 +159,9 @@ def resolve(preset: Preset, overrides: Mapping[str, Any] | None = None) -> dict:
     message lists the valid keys) or an invalid value (it names the key and the
     allowed values or range)."""
     cfg = preset.defaults()
+    if overrides is not None and not isinstance(overrides, Mapping):
+        raise ValueError(f"overrides: must be a mapping of key -> value, got "
+                         f"{overrides!r}")
     for name, value in (overrides or {}).items():
         if name not in preset.keys:
             raise ValueError(f"{name}: not a key of preset {preset.name!r}; valid "
@@ -185,3 +194,45 @@ def parse_sets(items: list[str] | None) -> dict[str, str]:
             raise ValueError(f"--set: expected key=value, got {item!r}")
         out[name.strip()] = value.strip()
     return out
+
+
+def check_attack(attack: str, ratio: float, num_clients: int,
+                 name: str = "ratio") -> None:
+    """A malicious ``ratio`` must make at least one client malicious (it is
+    ``int(ratio * num_clients)`` clients) and needs an attack; checked once the
+    number of clients is known (after loading the data)."""
+    if attack == "none" and ratio > 0:
+        raise ValueError(f"{name}: {ratio} has no effect without an attack "
+                         "(attack=none); set attack, or ratio=0")
+    if ratio > 0 and int(ratio * num_clients) == 0:
+        raise ValueError(f"{name}: {ratio} of {num_clients} clients makes no client "
+                         f"malicious (int(ratio * clients) = 0); use ratio >= "
+                         f"{1 / num_clients:.3g}, or 0 for a clean run")
+
+
+def preflight(algorithm, data, key, *, eval_mask=None, splits=("test",),
+              views=None) -> None:
+    """Everything ``simulate(algorithm, data, key=key, eval_mask=eval_mask,
+    splits=splits)`` checks before its first round, without running anything
+    (``jax.eval_shape`` traces only): the evaluation options and mask, the
+    evaluated ``views``, the data against the models (features that fit their
+    input, labels inside their classes) and one round on this data (e.g. a
+    cohort larger than the number of clients). Presets call it after loading the
+    data and before writing any file or training anything (even the private
+    reference models some presets train while they are built).
+
+    Raises:
+      ValueError: naming the argument or ``data``.
+    """
+    if not isinstance(data, FederatedData):
+        raise ValueError(f"data: must be a FederatedData, got {type(data).__name__}")
+    if not all(callable(getattr(algorithm, a, None))
+               for a in ("init", "round_step", "eval_models")):
+        raise ValueError(f"algorithm: must be an Algorithm, got "
+                         f"{type(algorithm).__name__}")
+    init_key, run_key = jax.random.split(key)
+    template = jax.eval_shape(lambda k: algorithm.init(k, data), init_key)
+    jax.eval_shape(lambda s: evaluate_state(
+        algorithm, s, data, key=key, views=views, splits=splits, mask=eval_mask),
+        template)
+    jax.eval_shape(algorithm.round_step, template, data, run_key)

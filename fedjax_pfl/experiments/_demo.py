@@ -12,6 +12,16 @@ import jax
 from fedjax_pfl import algorithms, attacks, models
 from fedjax_pfl.core import simulate
 from fedjax_pfl.data import fedprox_synthetic
+from fedjax_pfl.validation import (
+    check_choice,
+    check_count,
+    check_int,
+    check_nonnegative,
+    check_number,
+    check_positive,
+)
+
+from ._config import preflight
 
 SUMMARIES = ("mean", "mean_unweighted", "std", "worst10", "best10")
 # (run, evaluated model) -> row label
@@ -40,9 +50,36 @@ class DemoConfig:
     seed: int = 0
 
 
+def check_demo(cfg: DemoConfig) -> None:
+    """``ValueError`` naming the field for any setting the demo cannot run."""
+    if not isinstance(cfg, DemoConfig):
+        raise ValueError(f"cfg: must be a DemoConfig, got {type(cfg).__name__}")
+    for name in ("num_clients", "max_size", "num_rounds", "eval_every",
+                 "cohort_size", "num_local_steps", "batch_size"):
+        check_int(name, getattr(cfg, name), lo=1)
+    check_count("finetune_steps", cfg.finetune_steps)
+    check_count("seed", cfg.seed)
+    check_nonnegative("alpha", cfg.alpha)
+    check_nonnegative("beta", cfg.beta)
+    check_nonnegative("lam", cfg.lam)
+    check_positive("client_lr", cfg.client_lr)
+    check_choice("attack", cfg.attack, attacks.ATTACKS)
+    check_number("ratio", cfg.ratio, lo=0.0, hi=1.0, hi_open=True)
+    if cfg.cohort_size > cfg.num_clients:
+        raise ValueError(f"cohort_size: must not exceed num_clients "
+                         f"({cfg.num_clients}), got {cfg.cohort_size}")
+    if cfg.attack != "none" and cfg.ratio > 0 and int(
+            cfg.ratio * cfg.num_clients) == 0:
+        raise ValueError(f"ratio: {cfg.ratio} of {cfg.num_clients} clients makes no "
+                         "client malicious; use a larger ratio, or 0")
+
+
 def run_demo(cfg: DemoConfig = DemoConfig(), *, progress: bool = True) -> dict:
     """Trains Ditto (which also yields FedAvg's global model and its finetuned
-    models) and local models; returns the final metrics over benign clients."""
+    models) and local models; returns the final metrics over benign clients.
+    Every setting, and both runs against the data, are checked before the first
+    round of either (:func:`check_demo`, :func:`preflight`)."""
+    check_demo(cfg)
     data = fedprox_synthetic(cfg.alpha, cfg.beta, num_clients=cfg.num_clients,
                              max_size=cfg.max_size, seed=cfg.seed)
     data, threat = attacks.setup_attack(data, cfg.attack, cfg.ratio, seed=cfg.seed,
@@ -57,6 +94,9 @@ def run_demo(cfg: DemoConfig = DemoConfig(), *, progress: bool = True) -> dict:
                                   finetune_lam=0.0, **common),
         "local": algorithms.ditto(model, lam=0.0, **common),
     }
+    for alg in runs.values():
+        preflight(alg, data, jax.random.key(cfg.seed), eval_mask=threat.benign,
+                  splits=("train", "test"))
     final = {"data": {
         "clients": data.num_clients,
         "malicious": int(threat.malicious.sum()),

@@ -21,15 +21,16 @@ import jax
 import numpy as np
 
 from fedjax_pfl.core import evaluate_state, simulate
+from fedjax_pfl.validation import check_choice, check_dir
 
-from ._config import Preset, resolve
+from ._config import Experiment, Preset, preflight, resolve
 from ._presets import PRESETS
 
 SPLITS = ("test",)
 
 
 def get_preset(name: str) -> Preset:
-    if name not in PRESETS:
+    if not isinstance(name, str) or name not in PRESETS:
         raise ValueError(f"preset: unknown {name!r}; valid presets: "
                          f"{', '.join(sorted(PRESETS))}")
     return PRESETS[name]
@@ -42,9 +43,15 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _prepare_dir(out: Path, record: dict, resume: bool) -> None:
-    """Refuses to overwrite another run; on resume the config must match."""
+def _check_out(out: Path, record: dict, resume: bool) -> None:
+    """Refuses to overwrite another run; on resume the config must match. Reads
+    only: nothing is created until every check has passed."""
+    check_dir("out", out)
+    check_dir("out", out / "plots")
+    check_dir("out", out / "checkpoints")
     cfg_path = out / "config.json"
+    if cfg_path.is_dir():
+        raise ValueError(f"out: {cfg_path} is a folder, not a run's config file")
     if cfg_path.exists():
         old = json.loads(cfg_path.read_text())
         if not resume:
@@ -55,8 +62,28 @@ def _prepare_dir(out: Path, record: dict, resume: bool) -> None:
                                                       record["config"]):
             raise ValueError(f"resume: {out} holds a run of {old.get('preset')} with "
                              f"config {old.get('config')}, not {record['config']}")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "plots").mkdir(exist_ok=True)
+
+
+def _check_experiment(exp, cfg: Mapping[str, Any], key) -> int:
+    """What needs the loaded data, before anything is written or trained:
+    the builder's result, the number of rounds (a privacy plan may allow none)
+    and :func:`preflight` (the models against the data, the evaluation options,
+    one traced round: e.g. a cohort larger than the number of clients).
+    Returns the number of rounds."""
+    if not isinstance(exp, Experiment):
+        raise ValueError(f"build: a preset must return an Experiment, got "
+                         f"{type(exp).__name__}")
+    if isinstance(exp.views, str) or not exp.views:
+        raise ValueError(f"views: must be a non-empty tuple of view names, got "
+                         f"{exp.views!r}")
+    num_rounds = exp.info.get("num_rounds", cfg["rounds"])
+    if num_rounds < 1:
+        why = (" (the privacy budget allows no round: raise target_epsilon)"
+               if "num_rounds" in exp.info else "")
+        raise ValueError(f"rounds: the run has {num_rounds} rounds{why}")
+    preflight(exp.algorithm, exp.data, key, eval_mask=exp.eval_mask, splits=SPLITS,
+              views=exp.views)
+    return int(num_rounds)
 
 
 def per_client_table(algorithm, state, fed, key, views) -> dict[str, np.ndarray]:
@@ -119,31 +146,43 @@ def run_preset(name: str, overrides: Mapping[str, Any] | None = None, *,
                progress: bool = True) -> dict:
     """Runs preset ``name`` with ``overrides`` into the directory ``out``.
 
-    Every key and value is checked before anything is loaded or written. Returns
-    ``{'config', 'history', 'final', 'files'}``.
+    Every key and value is checked before anything is loaded or written, and
+    everything that needs the loaded data (the model against the data, the
+    cohort against the number of clients, a malicious ratio that leaves no
+    attacker, the privacy plan) before anything is written or trained
+    (docs/engine.md, "Validation"). Returns ``{'config', 'history',
+    'final', 'files'}``.
 
     Raises:
-      ValueError: unknown preset or key, invalid value, or ``out`` holding
-        another run (or, with ``resume``, a run of another config).
+      ValueError: unknown preset or key, invalid value, an ``out`` that is a file
+        or holds another run (or, with ``resume``, a run of another config), or
+        an experiment that cannot run on its data.
     """
     preset = get_preset(name)
     cfg = resolve(preset, overrides)
+    check_choice("resume", resume, (True, False))
+    check_choice("progress", progress, (True, False))
+    if out is None:
+        raise ValueError("out: the run directory is required")
+    check_dir("out", out)
     out = Path(out)
     record = {"preset": name, "paper": preset.paper, "scaled": preset.scaled,
               "config": cfg, "jax": jax.__version__,
               "backend": jax.default_backend()}
-    _prepare_dir(out, record, resume)
+    _check_out(out, record, resume)
+    key = jax.random.key(cfg["seed"])
     exp = preset.build(dict(cfg))
+    num_rounds = _check_experiment(exp, cfg, key)
     record["info"] = dict(exp.info)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "plots").mkdir(exist_ok=True)
     _write_atomic(out / "config.json", json.dumps(record, indent=1, default=str))
-    num_rounds = int(exp.info.get("num_rounds", cfg["rounds"]))
     eval_every = min(cfg["eval_every"], num_rounds)
     ckpt = cfg["checkpoint_every"] or eval_every
     if ckpt % eval_every:
         ckpt = eval_every
     if not resume and (out / "history.jsonl").exists():
         (out / "history.jsonl").unlink()  # a run that crashed before its 1st checkpoint
-    key = jax.random.key(cfg["seed"])
     res = simulate(exp.algorithm, exp.data, num_rounds=num_rounds,
                    eval_every=eval_every, key=key, eval_mask=exp.eval_mask,
                    splits=SPLITS, progress=progress,
@@ -158,8 +197,8 @@ def run_preset(name: str, overrides: Mapping[str, Any] | None = None, *,
         cols["benign"] = np.asarray(exp.eval_mask).astype(int)
     write_csv(out / "clients.csv", cols)
     files = ["config.json", "history.jsonl", "clients.csv", "checkpoints/"]
-    files += make_plots(out, res.history, cols, exp.views, name,
-                        None if exp.eval_mask is None else np.asarray(exp.eval_mask) > 0)
+    benign = None if exp.eval_mask is None else np.asarray(exp.eval_mask) > 0
+    files += make_plots(out, res.history, cols, exp.views, name, benign)
     return {"config": cfg, "history": res.history, "final": res.history[-1],
             "files": files, "views": exp.views}
 

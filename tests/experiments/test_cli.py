@@ -33,6 +33,38 @@ def test_demo_rejects_bad_values():
         main(["--ratio", "1.0"])
 
 
+@pytest.mark.parametrize("argv, match", [
+    (["--lam", "nan"], "--lam: must be non-negative and finite"),
+    (["--client-lr", "0"], "--client-lr: must be positive"),
+    (["--alpha", "-1"], "--alpha: must be non-negative"),
+    (["--finetune-steps", "-1"], "--finetune-steps: must be an integer >= 0"),
+    (["--max-size", "0"], "--max-size: must be an integer >= 1"),
+    (["--num-clients", "10", "--ratio", "0.05"],
+     "--ratio: 0.05 of 10 clients makes no client malicious"),
+    (["--json", "{tmp}"], "--json: .* is a folder"),
+    (["--json", "{tmp}/file/final.json"], "--json: cannot write"),
+])
+def test_demo_fails_before_any_training(tmp_path, monkeypatch, argv, match):
+    from fedjax_pfl.experiments import _demo
+
+    def never(*args, **kwargs):
+        raise AssertionError("a run started")
+
+    monkeypatch.setattr(_demo, "simulate", never)
+    (tmp_path / "file").write_text("x")
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    with pytest.raises(SystemExit, match=match):
+        main([*argv, "--quiet"])
+
+
+def test_demo_json_folder_is_created(tmp_path, capsys):
+    out = tmp_path / "new" / "final.json"
+    assert main(["--num-clients", "4", "--num-rounds", "1", "--cohort-size", "2",
+                 "--num-local-steps", "1", "--max-size", "30", "--finetune-steps",
+                 "1", "--quiet", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["ditto"]["round"] == 1
+
+
 def test_datasets_listing(tmp_path, capsys):
     assert main(["datasets", "--data-dir", str(tmp_path)]) == 0
     text = capsys.readouterr().out

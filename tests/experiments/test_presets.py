@@ -168,3 +168,109 @@ def test_lindt_preset_reports_gain_and_delta(tmp_path):
     assert (tmp_path / "plots" / "nfl.png").stat().st_size > 1000
     with pytest.raises(ValueError, match="hidden: must be comma-separated"):
         experiments.run_preset("lindt-table3", {"hidden": "16,x"}, out=tmp_path / "b")
+
+
+# ------------------ what needs the loaded data fails before any file or round
+
+
+def _fails_before_any_file(tmp_path, sets, match, name="ditto-synthetic"):
+    out = tmp_path / "run"
+    with pytest.raises(ValueError, match=match):
+        experiments.run_preset(name, sets, out=out, progress=False)
+    assert not out.exists()  # no config.json, history.jsonl or checkpoint
+
+
+def test_cohort_larger_than_the_data_fails_before_any_file(tmp_path):
+    _fails_before_any_file(tmp_path, {**TINY, "cohort_size": "20"},
+                           r"cohort_size: 20 is larger than the number of clients")
+
+
+def test_a_ratio_that_makes_no_attacker_fails_before_any_file(tmp_path):
+    _fails_before_any_file(tmp_path, {**TINY, "attack": "A1", "ratio": "0.05"},
+                           r"ratio: 0.05 of 12 clients makes no client malicious")
+    _fails_before_any_file(tmp_path, {**TINY, "ratio": "0.5"},
+                           "ratio: 0.5 has no effect without an attack")
+
+
+def test_an_out_that_is_a_file_fails_before_any_work(tmp_path):
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    for out, match in [(a_file, "out: .* must be a folder"),
+                       (a_file / "run", "out: .* is a file")]:
+        with pytest.raises(ValueError, match=match):
+            experiments.run_preset("ditto-synthetic", TINY, out=out, progress=False)
+        with pytest.raises(SystemExit, match="fedjax-pfl run: out: "):
+            main(["run", "ditto-synthetic", "--quiet", "--out", str(out),
+                  *[f"--set={k}={v}" for k, v in TINY.items()]])
+    assert a_file.read_text() == "x"
+
+
+def _fake_preset(monkeypatch, build):
+    base = experiments.get_preset("ditto-synthetic")
+    monkeypatch.setitem(_presets.PRESETS, "fake", experiments.Preset(
+        **{**base.__dict__, "name": "fake", "build": build}))
+
+
+def test_a_model_that_does_not_fit_the_data_fails_before_any_file(tmp_path,
+                                                                  monkeypatch):
+    from fedjax_pfl import algorithms, models
+    from fedjax_pfl import data as fdata
+
+    def build(cfg):  # a 60-feature problem given to a 10-feature model
+        fed = fdata.fedprox_synthetic(num_clients=6, max_size=40, seed=0)
+        alg = algorithms.fedavg(models.logistic_regression((10,), 10), client_lr=0.1,
+                                num_local_steps=1, batch_size=5, cohort_size=3)
+        return experiments.Experiment(alg, fed)
+
+    _fake_preset(monkeypatch, build)
+    _fails_before_any_file(tmp_path, {"rounds": "2"},
+                           r"data: features of shape \(60,\)", name="fake")
+
+
+def test_labels_outside_the_models_classes_fail_before_any_file(tmp_path,
+                                                                monkeypatch):
+    from fedjax_pfl import algorithms, models
+    from fedjax_pfl import data as fdata
+
+    def build(cfg):  # 10 classes in the data, a 5-class model
+        fed = fdata.fedprox_synthetic(num_clients=6, max_size=40, seed=0)
+        alg = algorithms.fedavg(models.logistic_regression((60,), 5), client_lr=0.1,
+                                num_local_steps=1, batch_size=5, cohort_size=3)
+        return experiments.Experiment(alg, fed)
+
+    _fake_preset(monkeypatch, build)
+    _fails_before_any_file(tmp_path, {"rounds": "2"},
+                           r"data: labels of the 'train' split must be class "
+                           r"indices in \[0, 5\)", name="fake")
+
+
+def test_a_budget_that_allows_no_round_and_unknown_views_fail_early(tmp_path,
+                                                                     monkeypatch):
+    from fedjax_pfl import algorithms, models
+    from fedjax_pfl import data as fdata
+
+    def build(cfg):
+        fed = fdata.fedprox_synthetic(num_clients=6, max_size=40, seed=0)
+        alg = algorithms.fedavg(models.logistic_regression((60,), 10), client_lr=0.1,
+                                num_local_steps=1, batch_size=5, cohort_size=3)
+        if cfg["rounds"] == 2:
+            return experiments.Experiment(alg, fed, info={"num_rounds": 0})
+        return experiments.Experiment(alg, fed, views=("global", "personal"))
+
+    _fake_preset(monkeypatch, build)
+    _fails_before_any_file(tmp_path, {"rounds": "2"},
+                           "rounds: the run has 0 rounds .*privacy budget",
+                           name="fake")
+    _fails_before_any_file(tmp_path, {"rounds": "3"},
+                           r"views: unknown \['personal'\]", name="fake")
+
+
+def test_every_fedplus_method_runs_its_checks():
+    # the preflight of each method on the synthetic row (views, models, round)
+    import jax
+
+    for method in _presets.FEDPLUS_METHODS:
+        cfg = experiments.resolve(experiments.get_preset("fedplus-table2"),
+                                  {"dataset": "synthetic", "method": method})
+        exp = _presets._fedplus(cfg)
+        _run._check_experiment(exp, cfg, jax.random.key(0))
