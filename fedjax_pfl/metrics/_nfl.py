@@ -29,6 +29,7 @@ import numpy as np
 import optax
 
 from fedjax_pfl.validation import (
+    check_choice,
     check_count,
     check_int,
     check_positive,
@@ -113,12 +114,26 @@ def deployed_accuracy_fn(algorithm, *, view: str | None = None,
                          split: str = "test") -> Callable:
     """A jitted ``(state, data) -> [N]`` per-client accuracy of the model each
     client deploys: ``view`` (default ``personal`` if the algorithm has one, else
-    ``global``)."""
+    ``global``).
+
+    Raises:
+      ValueError: an unknown ``split`` (now), a ``view`` the algorithm does not
+        evaluate or a split the data lacks (when first called).
+    """
     from fedjax_pfl.core import evaluate_split
+
+    check_choice("split", split, ("train", "val", "test"))
+    if view is not None and not isinstance(view, str):
+        raise ValueError(f"view: must be a view name or None, got {view!r}")
 
     def acc(state, data):
         views = algorithm.eval_models(state, data, jax.random.key(0))
         name = view or ("personal" if "personal" in views else "global")
+        if name not in views:
+            raise ValueError(f"view: unknown {name!r}; this algorithm evaluates "
+                             f"{tuple(views)}")
+        if getattr(data, split) is None:
+            raise ValueError(f"split: the data has no {split!r} split")
         return evaluate_split(views[name], getattr(data, split))["accuracy"]
 
     return jax.jit(acc)

@@ -157,8 +157,8 @@ def test_proposition1_bound_on_label_skew_quadratics():
             a_i = 1 + eta * np.sum(lam * p[i])
             for j in range(k):
                 if j != i:
-                    gmax = [np.linalg.norm(grads(traj[j, t_steps - 1 - s]), axis=1).max()
-                            for s in range(t_steps)]
+                    gmax = [np.linalg.norm(grads(traj[j, t_steps - 1 - s]),
+                                           axis=1).max() for s in range(t_steps)]
                     bound += np.abs(p[i] - p[j]).sum() * sum(
                         a_i ** s * gmax[s] for s in range(t_steps))
         bound *= eta / k ** 2
@@ -177,3 +177,20 @@ def test_wrong_types_are_refused_by_name():
         with pytest.raises(ValueError, match=match):
             call()
     assert metrics.nfl_verdict([0.1, -0.2], window=np.int64(1))["in_nfl"]
+
+
+def test_deployed_accuracy_names_its_split_and_view():
+    from fedjax_pfl import algorithms, models
+    from fedjax_pfl import data as fdata
+
+    alg = algorithms.fedavg(models.logistic_regression((60,), 10), client_lr=0.1,
+                            num_local_steps=1, batch_size=5, cohort_size=2)
+    with pytest.raises(ValueError, match="split: must be one of"):
+        metrics.deployed_accuracy_fn(alg, split="testing")
+    fed = fdata.fedprox_synthetic(num_clients=3, max_size=30, seed=0)
+    state = alg.init(jax.random.key(0), fed)
+    with pytest.raises(ValueError, match=r"view: unknown 'personal'"):
+        metrics.deployed_accuracy_fn(alg, view="personal")(state, fed)
+    with pytest.raises(ValueError, match="split: the data has no 'val' split"):
+        metrics.deployed_accuracy_fn(alg, split="val")(state, fed)
+    assert metrics.deployed_accuracy_fn(alg)(state, fed).shape == (3,)
