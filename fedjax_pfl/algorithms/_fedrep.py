@@ -96,6 +96,10 @@ def fedrep(
       ValueError: for invalid arguments (the message names the argument).
     """
     head = tk.check_layers(model, head_layers, name="head_layers")
+    check_int("num_local_steps", num_local_steps, lo=1)  # a bool is not a count
+    check_int("batch_size", batch_size, lo=1)
+    if unroll is not None and not isinstance(unroll, bool):
+        check_int("unroll", unroll, lo=1)
     check_int("head_steps", head_steps, lo=1, allow_none=True)
     if head_epochs is not None:
         check_positive("head_epochs", head_epochs)

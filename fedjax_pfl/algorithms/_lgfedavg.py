@@ -17,6 +17,7 @@ import optax
 from fedjax_pfl import toolkit as tk
 from fedjax_pfl.aggregators import Aggregator
 from fedjax_pfl.models import Model
+from fedjax_pfl.validation import check_int
 
 
 def client_update(model: Model, cfg: tk.LocalConfig, needs_losses: bool,
@@ -85,6 +86,10 @@ def lg_fedavg(
       ValueError: for invalid arguments (the message names the argument).
     """
     head = tk.check_layers(model, head_layers, name="head_layers")
+    check_int("num_local_steps", num_local_steps, lo=1)  # a bool is not a count
+    check_int("batch_size", batch_size, lo=1)
+    if unroll is not None and not isinstance(unroll, bool):
+        check_int("unroll", unroll, lo=1)
     cfg = tk.make_local_config(client_lr, num_local_steps, batch_size, sampling,
                                unroll, local_epochs, drop_last=drop_last,
                                optimizer=local_optimizer)
