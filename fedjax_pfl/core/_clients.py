@@ -184,6 +184,60 @@ def map_into_buffers(
     return (bufs, acc) if reduce else bufs
 
 
+def fixed_order_sum(tree: PyTree) -> PyTree:
+    """Sums every leaf of ``tree`` over its leading axis in index order,
+    ``((x[0] + x[1]) + x[2]) + ...``, one row per step of a loop.
+
+    The additions and their order depend only on the leading size. The rows
+    are read from memory and the sums written to it by a ``fori_loop``, so XLA
+    cannot fuse them with the ops that produce or use them (a fused
+    ``a * b + c`` may become one FMA, rounded once), split them over devices or
+    vectorize them another way: the result is bitwise the same in every
+    program of these shapes on one backend (``EngineConfig(deterministic=True)``).
+    """
+    first = jax.tree.map(lambda a: a[0], tree)
+
+    def body(i, acc):
+        return jax.tree.map(lambda s, a: s + jax.lax.dynamic_index_in_dim(
+            a, i, keepdims=False), acc, tree)
+
+    return jax.lax.fori_loop(1, jax.tree.leaves(tree)[0].shape[0], body, first)
+
+
+def fixed_order_means(sums: PyTree, metrics: dict) -> tuple[PyTree, dict]:
+    """The cohort sums of ``sums``' leaves and the NaN-skipping means of the
+    per-client ``metrics`` (as ``jnp.nanmean``: a client that took no step
+    reports a NaN loss), all added in index order by one
+    :func:`fixed_order_sum` loop."""
+    flat = {k: v.reshape(v.shape[0], -1) for k, v in metrics.items()}
+    ok = {k: ~jnp.isnan(v) for k, v in flat.items()}
+    vals = {k: jnp.where(ok[k], v, jnp.zeros((), v.dtype)) for k, v in flat.items()}
+    cnts = {k: o.astype(flat[k].dtype) for k, o in ok.items()}
+    if not jax.tree.leaves((sums, vals)):
+        return sums, {}
+    sums, vals, cnts = fixed_order_sum((sums, vals, cnts))
+    return sums, {k: jnp.sum(vals[k]) / jnp.sum(cnts[k]) for k in flat}
+
+
+def fixed_order_mean(updates: PyTree, c: jax.Array, c_sum: jax.Array,
+                      rows: jax.Array | None = None) -> PyTree:
+    """``sum_k (c_k / c_sum) u_k``, added in the order of ``c`` inside one
+    ``fori_loop`` (see :func:`fixed_order_sum`); client ``k``'s upload is row
+    ``rows[k]`` of the stacked ``updates`` (row ``k`` without ``rows``). The
+    scaling is done in the loop too: a mean divided outside it would be
+    rewritten by XLA in some programs and not others (``x / c`` as
+    ``x * (1 / c)``, or fused into the server's update as an FMA)."""
+
+    def body(i, acc):
+        p = c[i] / c_sum
+        r = i if rows is None else rows[i]
+        return jax.tree.map(lambda s, a: s + p.astype(a.dtype) * jax.lax.
+                            dynamic_index_in_dim(a, r, keepdims=False), acc, updates)
+
+    zero = jax.tree.map(lambda a: jnp.zeros(a.shape[1:], a.dtype), updates)
+    return jax.lax.fori_loop(0, c.shape[0], body, zero)
+
+
 def default_strategy(backend: str | None = None) -> tuple[str, int | None]:
     """The client-parallel strategy chosen by measurement for a backend.
 

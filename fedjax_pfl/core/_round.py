@@ -13,6 +13,8 @@ import numpy as np
 
 from ._clients import (
     client_keys,
+    fixed_order_mean,
+    fixed_order_means,
     lift,
     lift_sum,
     sample_cohort,
@@ -24,7 +26,11 @@ from ._types import AlgorithmState, ClientResult, PyTree
 
 
 class EngineConfig:
-    """How the round is executed; never changes the numbers.
+    """How the round is executed. Every client's own computation does not depend
+    on it; the sums over the cohort (the weighted mean of the uploads, the
+    metrics' means) are reassociated by the device count and the engine's
+    ordering, so results agree to float rounding (about 1e-7 relative a round),
+    or bitwise with ``deterministic=True`` (docs/engine.md, "Determinism").
 
     Args:
       strategy: ``'vmap'`` or ``'map'`` (see :func:`fedjax_pfl.core.lift`);
@@ -47,10 +53,23 @@ class EngineConfig:
         ``engine/bucket_padding``, the share of the vmapped example-proportional
         work that is padding (0 = none). Results are unchanged (uploads are
         handed to the server in cohort order).
+      deterministic: add up the cohort in one fixed order: every client's
+        upload, weight and metrics are stacked, copied whole to every device
+        and added one client after another in cohort (sorted-id) order inside
+        a ``fori_loop`` (:func:`fixed_order_sum`), for the weighted mean and
+        the metrics' means; robust aggregators get the whole stack in cohort
+        order. The round's results are then bitwise the same for any device
+        count and cohort order (per-device shares, buckets) on one backend,
+        as far as each client's own numbers are (``map`` with batch 1 and
+        ``unroll``: always; under ``vmap`` they may depend on the vmapped batch
+        size). Costs memory (the weighted mean's ``[cohort, params]`` uploads
+        are stacked, not summed inside the client loop) and time; default off.
+        See docs/engine.md, "Determinism".
     """
 
     def __init__(self, strategy: str | None = None, map_batch_size: int | None = None,
-                 mesh: jax.sharding.Mesh | None = None, buckets: int | None = None):
+                 mesh: jax.sharding.Mesh | None = None, buckets: int | None = None,
+                 deterministic: bool = False):
         from ._clients import STRATEGIES, default_strategy
 
         if strategy is None:
@@ -73,13 +92,16 @@ class EngineConfig:
         if buckets is not None and strategy != "vmap":
             raise ValueError(f"buckets: only applies to strategy='vmap' (the others "
                              f"run each client's own steps), got {strategy!r}")
+        if not isinstance(deterministic, bool):
+            raise ValueError(f"deterministic: must be True or False, got "
+                             f"{deterministic!r}")
         self.strategy, self.map_batch_size, self.mesh = strategy, map_batch_size, mesh
-        self.buckets = buckets
+        self.buckets, self.deterministic = buckets, deterministic
 
     def __repr__(self):
         return (f"EngineConfig(strategy={self.strategy!r}, "
                 f"map_batch_size={self.map_batch_size}, mesh={self.mesh}, "
-                f"buckets={self.buckets})")
+                f"buckets={self.buckets}, deterministic={self.deterministic})")
 
     @property
     def shards_loop(self) -> bool:
@@ -189,6 +211,18 @@ class EngineConfig:
 
         return jax.tree.map(constrain, tree)
 
+    def replicate(self, tree: PyTree) -> PyTree:
+        """Constrains every leaf to be whole on every device of the mesh (an
+        all-gather: data movement only), so that what reads it runs unsplit."""
+        if self.mesh is None:
+            return tree
+        from jax.sharding import NamedSharding
+        from jax.sharding import PartitionSpec as P
+
+        whole = NamedSharding(self.mesh, P())
+        return jax.tree.map(lambda a: jax.lax.with_sharding_constraint(a, whole),
+                            tree)
+
 
 def client_mesh(devices=None) -> jax.sharding.Mesh:
     """A 1-D mesh named ``clients`` over ``devices`` (default: every device of
@@ -251,7 +285,33 @@ def federated_round(
             return client_fn(shared[0], client_state, cid, ckey, shared[1])
 
         shared = (state.server, data)
-        if linear_weights is None:
+        det = engine.deterministic
+
+        def scaled(r: ClientResult):  # the weighted mean's summand c_k u_k
+            c = linear_weights(r.weight, jnp.float32(1.0))
+            up = jax.tree.map(lambda u: c.astype(u.dtype) * u, r.update)
+            bad = _count_nonfinite_rows(jax.tree.map(lambda u: u[None], r.update))
+            return up, c, bad
+
+        if det:  # stacked, then every sum over the cohort in cohort order
+            (client_states, client_metrics, updates, weights, nonfinite,
+             metrics) = _fixed_order_round(
+                engine, one, shared, (cohort_states, ids_s, keys_s), ordering,
+                None if linear_weights is None else scaled)
+        elif linear_weights is not None:  # the mean summed inside the client loop
+
+            def one_summed(shared, client_state, cid, ckey):
+                r = one(shared, client_state, cid, ckey)
+                return r._replace(update=()), scaled(r)
+
+            res, (total, c_sum, nonfinite) = engine.lift(
+                one_summed, reduce=True, shared=shared)(cohort_states, ids_s, keys_s)
+            updates = jax.tree.map(
+                lambda a: (a / jnp.maximum(c_sum, 1e-12).astype(a.dtype))[None], total
+            )
+            weights = jnp.ones((1,), jnp.float32)
+            client_states, client_metrics = res.client_state, res.metrics
+        else:  # stacked uploads for the aggregator, in cohort order
             res: ClientResult = engine.lift(one, shared=shared)(cohort_states, ids_s,
                                                                 keys_s)
             if ordering is not None:  # back to cohort (sorted-id) order
@@ -260,29 +320,17 @@ def federated_round(
                 ids = ids[inv]
             updates, weights = res.update, res.weight
             nonfinite = _count_nonfinite_rows(res.update)
-        else:
-
-            def one_summed(shared, client_state, cid, ckey):
-                r = one(shared, client_state, cid, ckey)
-                c = linear_weights(r.weight, jnp.float32(1.0))
-                scaled = jax.tree.map(lambda u: c.astype(u.dtype) * u, r.update)
-                bad = _count_nonfinite_rows(jax.tree.map(lambda u: u[None], r.update))
-                return r._replace(update=()), (scaled, c, bad)
-
-            res, (total, c_sum, nonfinite) = engine.lift(
-                one_summed, reduce=True, shared=shared)(cohort_states, ids_s, keys_s)
-            updates = jax.tree.map(
-                lambda a: (a / jnp.maximum(c_sum, 1e-12).astype(a.dtype))[None], total
-            )
-            weights = jnp.ones((1,), jnp.float32)
+            client_states, client_metrics = res.client_state, res.metrics
+        if not det:  # nanmean: a client that took no step (drop_last) reports NaN
+            metrics = {f"train/{k}": jnp.nanmean(v) for k, v in client_metrics.items()}
         mask = jnp.ones_like(weights)
         server, server_metrics = server_fn(
-            state.server, updates, weights, mask, res.metrics,
-            jax.random.fold_in(rkey, KeyTag.SERVER),
+            engine.replicate(state.server) if det else state.server, updates,
+            weights, mask, client_metrics, jax.random.fold_in(rkey, KeyTag.SERVER),
         )
-        clients = tree_scatter(state.clients, ids, res.client_state)
-        # nanmean: a client that took no step (drop_last) reports a NaN loss
-        metrics = {f"train/{k}": jnp.nanmean(v) for k, v in res.metrics.items()}
+        if det:  # whole on every device, as its inputs
+            server, server_metrics = engine.replicate((server, server_metrics))
+        clients = tree_scatter(state.clients, ids, client_states)
         metrics.update(server_metrics)
         metrics["nonfinite_clients"] = nonfinite
         if ordering is not None:
@@ -309,6 +357,52 @@ def participation_counts(data, num_rounds: int, key: jax.Array, cohort_size: int
     ids = jax.jit(jax.vmap(lambda r: round_cohort(data, r, key, cohort_size, cohort)))(
         rounds)
     return np.bincount(np.asarray(ids).ravel(), minlength=data.num_clients)
+
+
+def _fixed_order_round(engine: EngineConfig, one: Callable, shared: PyTree,
+                       args: tuple, ordering, scaled: Callable | None) -> tuple:
+    """The cohort's clients under ``EngineConfig(deterministic=True)``: ``one``
+    lifted by ``engine`` over ``args`` (in the engine's order), every output
+    that is summed over the cohort stacked and made whole on every device (an
+    all-gather: no arithmetic), then read in cohort (sorted-id) order and added
+    by ``fori_loop``s (:func:`fixed_order_sum`). ``scaled`` (``r -> (c u, c,
+    nonfinite)``) is given for a weighted mean (``linear_weights``).
+
+    Returns the clients' new states (engine order, for the scatter), their
+    metrics (cohort order, whole), the server's ``updates`` and ``weights``
+    (the mean as one upload of weight 1, or the stacked uploads), the
+    non-finite count and the round's ``train/`` metrics."""
+    if scaled is None:
+        one_client = one
+    else:
+
+        def one_client(shared, client_state, cid, ckey):
+            r = one(shared, client_state, cid, ckey)
+            _, c, bad = scaled(r)  # (XLA drops the unused product)
+            return r._replace(update=(r.update, bad), weight=c)
+
+    res: ClientResult = engine.lift(one_client, shared=shared)(*args)
+    update, weight, client_metrics = engine.replicate(
+        (res.update, res.weight, res.metrics))
+    rows = None if ordering is None else jnp.argsort(ordering[0])
+    if rows is not None:  # small: reordered here (the uploads inside the loop)
+        weight, client_metrics = jax.tree.map(lambda a: a[rows],
+                                              (weight, client_metrics))
+    if scaled is None:  # the aggregator gets the whole stack in cohort order
+        if rows is not None:
+            update = jax.tree.map(lambda a: a[rows], update)
+        _, means = fixed_order_means((), client_metrics)
+        updates, weights = update, weight
+        nonfinite = _count_nonfinite_rows(update)
+    else:
+        (stacked, bad), c = update, weight
+        c_sum, means = fixed_order_means(c, client_metrics)
+        mean = fixed_order_mean(stacked, c, jnp.maximum(c_sum, 1e-12), rows)
+        updates = jax.tree.map(lambda a: a[None], mean)
+        weights = jnp.ones((1,), jnp.float32)
+        nonfinite = jnp.sum(bad)  # integers: exact in any order
+    metrics = {f"train/{k}": v for k, v in means.items()}
+    return res.client_state, client_metrics, updates, weights, nonfinite, metrics
 
 
 def _count_nonfinite_rows(tree: PyTree) -> jax.Array:
