@@ -30,7 +30,7 @@ except ImportError:  # pragma: no cover
 __all__ = [
     "is_concrete", "check_number", "check_positive", "check_nonnegative",
     "check_probability", "check_int", "check_count", "check_choice", "check_mask",
-    "check_dir", "check_file",
+    "check_dir", "check_file", "check_clip",
 ]
 
 
@@ -100,6 +100,17 @@ def check_nonnegative(name: str, value) -> None:
     if arr is not None and (not np.all(np.isfinite(arr.astype(np.float64)))
                             or np.any(arr < 0)):
         raise ValueError(f"{name}: must be non-negative and finite, got {value!r}")
+
+
+def check_clip(name: str, value) -> None:
+    """``ValueError`` unless every entry of ``value`` is a positive number or
+    ``inf`` (a clipping bound, ``inf`` meaning no clipping); NaN is refused.
+    Traced values are not checked."""
+    arr = _numeric(name, value, integer=False)
+    if arr is not None and (np.any(np.isnan(arr.astype(np.float64)))
+                            or np.any(arr <= 0)):
+        raise ValueError(f"{name}: must be positive (inf: no clipping), got "
+                         f"{value!r}")
 
 
 def check_probability(name: str, value, *, allow_zero: bool = False) -> None:

@@ -22,7 +22,6 @@ from fedjax_pfl.core import (
     EngineConfig,
     ModelView,
     federated_round,
-    make_local_config,
     tree_broadcast,
 )
 from fedjax_pfl.data import client_batch_indices, gather_batch
@@ -34,7 +33,9 @@ from fedjax_pfl.toolkit import (
     global_solver,
     resolve_cohort_size,
 )
-from fedjax_pfl.validation import check_nonnegative, is_concrete
+from fedjax_pfl.validation import check_choice, check_nonnegative, check_number
+
+from ._checks import local_config
 
 
 class APFLClientState(NamedTuple):
@@ -106,11 +107,10 @@ def apfl(
     Raises:
       ValueError: for invalid arguments (the message names the argument).
     """
-    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll)
+    cfg = local_config(client_lr, num_local_steps, batch_size, sampling, unroll)
     check_cohort(cohort_size, cohort)
-    check_nonnegative("alpha", alpha)
-    if is_concrete(alpha) and float(jnp.max(jnp.asarray(alpha))) > 1.0:
-        raise ValueError(f"alpha: must be in [0, 1], got {alpha!r}")
+    check_number("alpha", alpha, lo=0.0, hi=1.0)
+    check_choice("adaptive_alpha", adaptive_alpha, (True, False))
     if jnp.ndim(alpha) != 0:
         raise ValueError(f"alpha: must be a scalar, got shape {jnp.shape(alpha)}")
     alpha_lr = client_lr if alpha_lr is None else alpha_lr

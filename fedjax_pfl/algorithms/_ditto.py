@@ -25,7 +25,6 @@ from fedjax_pfl.core import (
     client_loss,
     federated_round,
     lift,
-    make_local_config,
     prox_penalty,
     run_local,
     tree_broadcast,
@@ -42,8 +41,16 @@ from fedjax_pfl.toolkit import (
     make_finetune_config,
     resolve_cohort_size,
 )
-from fedjax_pfl.validation import check_nonnegative, is_concrete
+from fedjax_pfl.validation import (
+    check_choice,
+    check_int,
+    check_nonnegative,
+    check_number,
+    check_positive,
+    is_concrete,
+)
 
+from ._checks import check_grid, local_config
 from ._dp import dp_client_update
 
 LAM_SELECTION = ("fixed", "paper", "greedy_step")
@@ -65,15 +72,17 @@ class DittoClientState(NamedTuple):
 
 
 def _lam_grid(lam_selection, lam_grid, strong_attack, fallback_lam):
+    """``(grid, fallback)`` of the lambda selection (``None``s when fixed);
+    given values are checked even when the selection is fixed."""
+    grid = None if lam_grid is None else check_grid("lam_grid", lam_grid)
+    if fallback_lam is not None:
+        check_number("fallback_lam", fallback_lam, lo=0.0, scalar=True)
     if lam_selection == "fixed":
         return None, None
-    grid = tuple(float(g) for g in (lam_grid or (
-        STRONG_GRID if strong_attack and lam_selection == "paper" else WEAK_GRID)))
-    if not grid or any(not np.isfinite(g) or g < 0 for g in grid):
-        raise ValueError(f"lam_grid: must be non-empty, finite and >= 0, got {grid}")
+    grid = grid or (STRONG_GRID if strong_attack and lam_selection == "paper"
+                    else WEAK_GRID)
     fallback = float(fallback_lam if fallback_lam is not None else (
         0.1 if strong_attack else 1.0))
-    check_nonnegative("fallback_lam", fallback)
     return grid, fallback
 
 
@@ -181,10 +190,14 @@ def ditto(
         one minibatch stream, to pick the best count as in the paper's Fig. 6.
       engine, unroll: execution (see ``fedavg``).
     """
-    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll,
-                            local_epochs, drop_last=drop_last,
-                            optimizer=local_optimizer)
-    pcfg = make_local_config(
+    if personal_lr is not None:
+        check_positive("personal_lr", personal_lr)
+    check_int("personal_steps", personal_steps, lo=1, allow_none=True)
+    if personal_epochs is not None:
+        check_positive("personal_epochs", personal_epochs)
+    cfg = local_config(client_lr, num_local_steps, batch_size, sampling, unroll,
+                       local_epochs, drop_last=drop_last, optimizer=local_optimizer)
+    pcfg = local_config(
         client_lr if personal_lr is None else personal_lr,
         num_local_steps if personal_steps is None else personal_steps,
         batch_size, sampling, unroll,
@@ -196,8 +209,7 @@ def ditto(
     if lam_ndim > 1:
         raise ValueError(f"lam: must be a scalar or a [num_clients] vector, got "
                          f"shape {jnp.shape(lam)}")
-    if batches not in BATCHES:
-        raise ValueError(f"batches: must be one of {BATCHES}, got {batches!r}")
+    check_choice("batches", batches, BATCHES)
     if batches == "shared" and dp is not None:
         raise ValueError("batches: 'shared' minibatches cannot be used with dp "
                          "(the private update draws its own Poisson batches)")
@@ -207,18 +219,13 @@ def ditto(
             f"personal_steps: batches='shared' needs the same personal and global "
             f"steps/epochs, got {pcfg.num_steps}/{pcfg.epochs} vs "
             f"{cfg.num_steps}/{cfg.epochs}")
-    if lam_selection not in LAM_SELECTION:
-        raise ValueError(
-            f"lam_selection: must be one of {LAM_SELECTION}, got {lam_selection!r}")
+    check_choice("lam_selection", lam_selection, LAM_SELECTION)
     if lam_selection == "greedy_step" and pcfg.epochs is not None:
         raise ValueError("personal_epochs: lam_selection='greedy_step' counts "
                          "personal steps, not epochs")
-    if selection_metric not in ("loss", "accuracy"):
-        raise ValueError(f"selection_metric: must be 'loss' or 'accuracy', got "
-                         f"{selection_metric!r}")
-    if not isinstance(min_val_examples, int) or min_val_examples < 0:
-        raise ValueError(f"min_val_examples: must be a non-negative integer, got "
-                         f"{min_val_examples!r}")
+    check_choice("selection_metric", selection_metric, ("loss", "accuracy"))
+    check_int("min_val_examples", min_val_examples, lo=0)
+    check_choice("strong_attack", strong_attack, (True, False))
     grid, fallback = _lam_grid(lam_selection, lam_grid, strong_attack, fallback_lam)
     if finetune_lam is None:
         finetune_lam = lam if lam_ndim == 0 else 0.0

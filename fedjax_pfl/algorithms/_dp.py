@@ -28,7 +28,6 @@ from fedjax_pfl.core import (
     client_loss,
     client_steps,
     default_unroll,
-    make_local_config,
     passes_needed,
 )
 from fedjax_pfl.models import Model
@@ -39,7 +38,9 @@ from fedjax_pfl.toolkit import (
     global_solver,
     stateless_algorithm,
 )
-from fedjax_pfl.validation import is_concrete
+from fedjax_pfl.validation import check_clip, check_int, is_concrete
+
+from ._checks import local_config
 
 
 def dp_steps(cfg, dp: DPConfig, sampling: str, split, cid):
@@ -150,11 +151,14 @@ def dp_fedavg(
     Raises:
       ValueError: naming the argument, for out-of-range values.
     """
+    check_clip("clip", clip)
+    check_int("max_batch_size", max_batch_size, lo=1, allow_none=True)
+    check_int("chunk_size", chunk_size, lo=1, allow_none=True)
     dp = make_dp_config(clip, noise_multiplier, sampling, sampling_rate,
                         max_batch_size, normalize, clip_method, chunk_size)
-    cfg = make_local_config(client_lr, num_local_steps, batch_size,
-                            "with_replacement" if sampling == "poisson" else sampling,
-                            unroll, local_epochs)
+    cfg = local_config(client_lr, num_local_steps, batch_size,
+                       "with_replacement" if sampling == "poisson" else sampling,
+                       unroll, local_epochs)
     check_cohort(cohort_size, cohort)
     engine = engine or EngineConfig()
     solver = global_solver(model, cfg, aggregator=aggregator, weighted=weighted,

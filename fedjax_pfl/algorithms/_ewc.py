@@ -27,7 +27,6 @@ from fedjax_pfl.core import (
     ModelView,
     client_keys,
     lift,
-    make_local_config,
     run_local,
 )
 from fedjax_pfl.data import client_batch_indices, gather_batch
@@ -38,15 +37,16 @@ from fedjax_pfl.toolkit import (
     make_finetune_config,
     stateless_algorithm,
 )
-from fedjax_pfl.validation import check_nonnegative, check_positive
+from fedjax_pfl.validation import check_int, check_nonnegative, check_positive
+
+from ._checks import local_config
 
 
 def finetune_local_config(cfg: LocalConfig, steps, epochs, lr) -> LocalConfig:
     """The finetuning :class:`LocalConfig`: ``steps`` SGD steps, or ``epochs``
     epochs (client k: ``ceil(epochs n_k / batch_size)`` steps), at ``lr``
     (default: the local lr)."""
-    if not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"finetune_steps: must be a positive integer, got {steps!r}")
+    check_int("finetune_steps", steps, lo=1)
     ft = make_finetune_config(cfg, steps, lr, 0.0).local
     if epochs is not None:
         check_positive("finetune_epochs", epochs)
@@ -170,13 +170,11 @@ def ewc(
     Raises:
       ValueError: for invalid arguments (the message names the argument).
     """
-    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll,
-                            local_epochs)
+    cfg = local_config(client_lr, num_local_steps, batch_size, sampling, unroll,
+                       local_epochs)
     check_cohort(cohort_size, cohort)
     check_nonnegative("lam", lam)
-    if not isinstance(fisher_batches, int) or fisher_batches < 1:
-        raise ValueError(f"fisher_batches: must be a positive integer, got "
-                         f"{fisher_batches!r}")
+    check_int("fisher_batches", fisher_batches, lo=1)
     ft = finetune_local_config(cfg, finetune_steps, finetune_epochs, finetune_lr)
     engine = engine or EngineConfig()
     solver = global_solver(model, cfg, aggregator=aggregator, weighted=weighted,

@@ -20,7 +20,6 @@ from fedjax_pfl.core import (
     ClientResult,
     EngineConfig,
     ModelView,
-    make_local_config,
     run_local,
     tree_broadcast,
 )
@@ -33,6 +32,8 @@ from fedjax_pfl.toolkit import (
     round_step,
     stateless_algorithm,
 )
+
+from ._checks import local_config
 
 
 def fedavg(
@@ -93,9 +94,9 @@ def fedavg(
       engine: execution strategy (vmap / lax.map / sharding).
       unroll: unroll local steps (default: on CPU).
     """
-    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll,
-                            local_epochs, drop_last=drop_last,
-                            optimizer=local_optimizer)
+    cfg = local_config(client_lr, num_local_steps, batch_size, sampling, unroll,
+                       local_epochs, drop_last=drop_last,
+                       optimizer=local_optimizer)
     check_cohort(cohort_size, cohort)
     ft_cfg = make_finetune_config(cfg, finetune_steps, finetune_lr, finetune_lam)
     engine = engine or EngineConfig()
@@ -105,7 +106,8 @@ def fedavg(
 
     def eval_models(state, data, key):
         out = {"global": ModelView(model, state.server.params, False)}
-        out.update(finetune_views(model, state.server.params, data, key, ft_cfg, engine))
+        out.update(finetune_views(model, state.server.params, data, key, ft_cfg,
+                                  engine))
         return out
 
     return stateless_algorithm(solver, solver.client_update, eval_models,
@@ -131,7 +133,7 @@ def local_only(
     ``num_local_steps`` steps per round, so the compute schedule matches FedAvg's
     (the Ditto paper's 'local' baseline). The evaluated model is ``personal``.
     """
-    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll)
+    cfg = local_config(client_lr, num_local_steps, batch_size, sampling, unroll)
     check_cohort(cohort_size, cohort)
     engine = engine or EngineConfig()
 

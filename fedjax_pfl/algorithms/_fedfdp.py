@@ -40,7 +40,15 @@ from fedjax_pfl.toolkit import (
     check_malicious,
     round_step,
 )
-from fedjax_pfl.validation import check_nonnegative, check_positive, is_concrete
+from fedjax_pfl.validation import (
+    check_choice,
+    check_clip,
+    check_int,
+    check_nonnegative,
+    check_positive,
+)
+
+from ._checks import check_unroll
 
 WEIGHTINGS = ("per_sample", "batch")
 
@@ -114,18 +122,18 @@ def fedfdp(
         what it sends).
       engine, unroll: execution.
     """
-    if weighting not in WEIGHTINGS:
-        raise ValueError(f"weighting: must be one of {WEIGHTINGS}, got {weighting!r}")
+    check_choice("weighting", weighting, WEIGHTINGS)
     check_nonnegative("lam", lam)
-    if is_concrete(loss_clip) and not np.all(np.asarray(loss_clip, np.float64) > 0):
-        raise ValueError(f"loss_clip: must be positive (inf: no clipping), got "
-                         f"{loss_clip!r}")
+    check_clip("clip", clip)
+    check_clip("loss_clip", loss_clip)
     check_nonnegative("loss_noise_multiplier", loss_noise_multiplier)
     check_nonnegative("loss_clip_floor", loss_clip_floor)
     check_positive("client_lr", client_lr)
-    if not isinstance(num_local_steps, int) or num_local_steps < 1:
-        raise ValueError(f"num_local_steps: must be a positive integer, got "
-                         f"{num_local_steps!r}")
+    check_int("num_local_steps", num_local_steps, lo=1)
+    check_int("max_batch_size", max_batch_size, lo=1, allow_none=True)
+    check_int("chunk_size", chunk_size, lo=1, allow_none=True)
+    check_unroll(unroll)
+    check_choice("adaptive_loss_clip", adaptive_loss_clip, (True, False))
     dp = make_dp_config(clip, noise_multiplier, "poisson", sampling_rate,
                         max_batch_size, normalize, clip_method, chunk_size, fair_clip)
     if cohort != "full":
@@ -166,8 +174,9 @@ def fedfdp(
             den = sampling_rate * data.train.counts[cid].astype(jnp.float32)
         elif not isinstance(dp.normalize, str):
             den = jnp.float32(dp.normalize)
-        released = release_loss(per, b.mask, client_state.loss_clip,
-                                loss_noise_multiplier, jax.random.fold_in(lkey, KeyTag.FEDFDP_LOSS_NOISE), den)
+        released = release_loss(
+            per, b.mask, client_state.loss_clip, loss_noise_multiplier,
+            jax.random.fold_in(lkey, KeyTag.FEDFDP_LOSS_NOISE), den)
         new_clip = (jnp.maximum(released, loss_clip_floor) if adaptive_loss_clip
                     else client_state.loss_clip)
         n = data.train.counts[cid].astype(jnp.float32)

@@ -26,7 +26,6 @@ from fedjax_pfl.core import (
     ModelView,
     client_loss,
     federated_round,
-    make_local_config,
     run_local,
     tree_broadcast,
 )
@@ -39,7 +38,15 @@ from fedjax_pfl.toolkit import (
     malicious_mask,
     resolve_cohort_size,
 )
-from fedjax_pfl.validation import check_nonnegative, check_positive, is_concrete
+from fedjax_pfl.validation import (
+    check_choice,
+    check_int,
+    check_nonnegative,
+    check_number,
+    check_positive,
+)
+
+from ._checks import local_config
 
 PSIS = ("sq", "l2", "l1", "ind0", "zero")
 AGG_SETS = ("all", "sampled")
@@ -192,21 +199,15 @@ def fedplus(
     Raises:
       ValueError: naming the argument, for values out of range.
     """
-    if psi not in PSIS:
-        raise ValueError(f"psi: must be one of {PSIS}, got {psi!r}")
-    if agg_set not in AGG_SETS:
-        raise ValueError(f"agg_set: must be one of {AGG_SETS}, got {agg_set!r}")
-    if agg_method not in AGG_METHODS:
-        raise ValueError(f"agg_method: must be one of {AGG_METHODS}, got "
-                         f"{agg_method!r}")
+    check_choice("psi", psi, PSIS)
+    check_choice("agg_set", agg_set, AGG_SETS)
+    check_choice("agg_method", agg_method, AGG_METHODS)
     check_positive("delta", delta)
     check_nonnegative("sigma", sigma)
-    check_nonnegative("init_mix", init_mix)
-    if is_concrete(init_mix) and np.any(np.asarray(init_mix) > 1):
-        raise ValueError(f"init_mix: must be in [0, 1], got {init_mix!r}")
-    if agg_iters is not None and (not isinstance(agg_iters, int) or agg_iters < 1):
-        raise ValueError(f"agg_iters: must be a positive integer, got {agg_iters!r}")
+    check_number("init_mix", init_mix, lo=0.0, hi=1.0)
+    check_int("agg_iters", agg_iters, lo=1, allow_none=True)
     check_nonnegative("agg_tol", agg_tol)
+    check_int("num_local_steps", num_local_steps, lo=1, allow_none=True)
     if local_steps_per_client is not None:
         if local_epochs is not None:
             raise ValueError("local_steps_per_client: cannot be combined with "
@@ -215,8 +216,8 @@ def fedplus(
             num_local_steps = int(np.max(np.asarray(local_steps_per_client)))
         _check_steps_per_client(local_steps_per_client, num_local_steps)
     num_local_steps = 20 if num_local_steps is None else num_local_steps
-    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll,
-                            local_epochs, drop_last=drop_last)
+    cfg = local_config(client_lr, num_local_steps, batch_size, sampling, unroll,
+                       local_epochs, drop_last=drop_last)
     check_cohort(cohort_size, cohort)
     mal = malicious_mask(attack, malicious)
     engine = engine or EngineConfig()
@@ -301,7 +302,8 @@ def fedplus(
             held = new.clients.sent if keep_sent else new.clients.params
             updates = jax.tree.map(lambda a, b: a - b[None], held, w_t)
             weights = data.train.counts.astype(jnp.float32)
-            skey = jax.random.fold_in(jax.random.fold_in(key, state.round), KeyTag.SERVER)
+            skey = jax.random.fold_in(jax.random.fold_in(key, state.round),
+                                      KeyTag.SERVER)
             server, server_metrics = server_step(state.server, updates, weights,
                                                  jnp.ones_like(weights), skey)
             metrics.update(server_metrics)

@@ -16,7 +16,6 @@ from fedjax_pfl.core import (
     Algorithm,
     EngineConfig,
     ModelView,
-    make_local_config,
     prox_penalty,
 )
 from fedjax_pfl.models import Model
@@ -28,6 +27,8 @@ from fedjax_pfl.toolkit import (
     stateless_algorithm,
 )
 from fedjax_pfl.validation import check_nonnegative
+
+from ._checks import local_config
 
 
 def fedprox(
@@ -81,8 +82,8 @@ def fedprox(
     check_nonnegative("mu", mu)
     if jnp.ndim(mu) != 0:
         raise ValueError(f"mu: must be a scalar, got shape {jnp.shape(mu)}")
-    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll,
-                            local_epochs)
+    cfg = local_config(client_lr, num_local_steps, batch_size, sampling, unroll,
+                       local_epochs)
     check_cohort(cohort_size, cohort)
     ft_cfg = make_finetune_config(cfg, finetune_steps, finetune_lr, finetune_lam)
     engine = engine or EngineConfig()

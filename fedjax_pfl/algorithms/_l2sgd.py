@@ -21,7 +21,6 @@ from fedjax_pfl.core import (
     EngineConfig,
     ModelView,
     federated_round,
-    make_local_config,
     prox_penalty,
     run_local,
     tree_broadcast,
@@ -35,7 +34,9 @@ from fedjax_pfl.toolkit import (
     malicious_mask,
     resolve_cohort_size,
 )
-from fedjax_pfl.validation import check_nonnegative
+from fedjax_pfl.validation import check_choice, check_nonnegative
+
+from ._checks import local_config
 
 MEAN_MODES = ("exact", "code")
 
@@ -96,15 +97,13 @@ def l2sgd(
     Raises:
       ValueError: for invalid arguments (the message names the argument).
     """
-    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll,
-                            local_epochs)
+    cfg = local_config(client_lr, num_local_steps, batch_size, sampling, unroll,
+                       local_epochs)
     check_cohort(cohort_size, cohort)
     check_nonnegative("lam", lam)
     if jnp.ndim(lam) != 0:
         raise ValueError(f"lam: must be a scalar, got shape {jnp.shape(lam)}")
-    if mean_update not in MEAN_MODES:
-        raise ValueError(f"mean_update: must be one of {MEAN_MODES}, got "
-                         f"{mean_update!r}")
+    check_choice("mean_update", mean_update, MEAN_MODES)
     mal = malicious_mask(attack, malicious)
     engine = engine or EngineConfig()
     aggregator = aggregator or mean(weighted=False)

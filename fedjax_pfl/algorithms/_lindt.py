@@ -50,8 +50,16 @@ from fedjax_pfl.toolkit import (
     check_malicious,
     round_step,
 )
-from fedjax_pfl.validation import check_nonnegative, check_positive, is_concrete
+from fedjax_pfl.validation import (
+    check_choice,
+    check_clip,
+    check_int,
+    check_nonnegative,
+    check_positive,
+    is_concrete,
+)
 
+from ._checks import local_config
 from ._lindt_model import SCORE_VARIANTS, DualModel, dual_apply, local_head_model
 
 MODES = ("always", "detect", "off")
@@ -165,29 +173,22 @@ def lindt(
     the dual model's local head with the current ``w`` for clients that have a
     local model while the dual model is on, else the global model.
     """
-    if mode not in MODES:
-        raise ValueError(f"mode: must be one of {MODES}, got {mode!r}")
-    if stop not in STOP_STRATEGIES:
-        raise ValueError(f"stop: must be one of {STOP_STRATEGIES}, got {stop!r}")
-    if v_init not in V_INITS:
-        raise ValueError(f"v_init: must be one of {V_INITS}, got {v_init!r}")
-    if score_variant not in SCORE_VARIANTS:
-        raise ValueError(f"score_variant: must be one of {SCORE_VARIANTS}, got "
-                         f"{score_variant!r}")
-    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll,
-                            local_epochs)
+    check_choice("mode", mode, MODES)
+    check_choice("stop", stop, STOP_STRATEGIES)
+    check_choice("v_init", v_init, V_INITS)
+    check_choice("score_variant", score_variant, SCORE_VARIANTS)
+    cfg = local_config(client_lr, num_local_steps, batch_size, sampling, unroll,
+                       local_epochs)
     check_cohort(cohort_size, cohort)
     check_positive("lr_decay", lr_decay)
-    if is_concrete(clip) and not np.all(np.asarray(clip, np.float64) > 0):
-        raise ValueError(f"clip: must be positive (inf disables clipping), got {clip!r}")
+    check_clip("clip", clip)
     check_nonnegative("noise_std", noise_std)
     check_positive("eps", eps)
     check_nonnegative("r_prime", r_prime)
-    for name, val, low in (("malicious_multiplier", malicious_multiplier, 1),
-                           ("stop_streak", stop_streak, 1),
-                           ("finetune_top_steps", finetune_top_steps, 0)):
-        if not isinstance(val, int) or val < low:
-            raise ValueError(f"{name}: must be an integer >= {low}, got {val!r}")
+    check_int("malicious_multiplier", malicious_multiplier, lo=1)
+    check_int("stop_streak", stop_streak, lo=1)
+    check_int("finetune_top_steps", finetune_top_steps, lo=0)
+    check_choice("stop_gradient", stop_gradient, (True, False))
     if grad_clip is not None:
         check_positive("grad_clip", grad_clip)
     if finetune_top_lr is not None:
@@ -302,7 +303,8 @@ def lindt(
         if no_noise:  # a concrete sigma = 0: skip the draw (and its compile time)
             noise = jax.tree.map(jnp.zeros_like, agg)
         else:
-            noise = gaussian_noise(jax.random.fold_in(key, KeyTag.LINDT_NOISE), agg, noise_std)
+            noise = gaussian_noise(jax.random.fold_in(key, KeyTag.LINDT_NOISE), agg,
+                                   noise_std)
         change = jax.tree.map(jnp.add, agg, noise)
         params = jax.tree.map(jnp.add, server.params, change)
         w_div = divergence_from_updates(updates, change, mask)

@@ -13,7 +13,6 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from fedjax_pfl.aggregators import Aggregator
@@ -26,7 +25,6 @@ from fedjax_pfl.core import (
     client_loss,
     federated_round,
     lift,
-    make_local_config,
     run_local,
     tree_broadcast,
 )
@@ -40,6 +38,7 @@ from fedjax_pfl.toolkit import (
 )
 
 from ._apfl import mix
+from ._checks import check_grid, local_config
 from ._ewc import finetune_clients, finetune_local_config
 
 
@@ -110,12 +109,9 @@ def mapper(
     Raises:
       ValueError: for invalid arguments (the message names the argument).
     """
-    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll)
+    cfg = local_config(client_lr, num_local_steps, batch_size, sampling, unroll)
     check_cohort(cohort_size, cohort)
-    grid = tuple(float(g) for g in lam_grid)
-    if not grid or any(not np.isfinite(g) or g < 0 or g > 1 for g in grid):
-        raise ValueError(f"lam_grid: must be non-empty with values in [0, 1], got "
-                         f"{lam_grid!r}")
+    grid = check_grid("lam_grid", lam_grid, hi=1.0)
     ft = finetune_local_config(cfg, finetune_steps, finetune_epochs, finetune_lr)
     hcfg = cfg._replace(num_steps=cfg.num_steps + 1)
     gcfg = cfg._replace(num_steps=1, unroll=1)
@@ -151,8 +147,9 @@ def mapper(
         def client_fn(server, state, cid, key, data):
             w = server.params
             h, lam, ploss = personal_update(state.local, w, cid, key, data)
+            gkey = jax.random.fold_in(key, KeyTag.MAPPER_GLOBAL)
             w_k, loss = run_local(reparam(model, lambda p: mix(lam, h, p)), w, data,
-                                  cid, jax.random.fold_in(key, KeyTag.MAPPER_GLOBAL), gcfg)
+                                  cid, gkey, gcfg)
             res = solver.upload(w, w_k, cid, key, data, m, {
                 "loss": loss, "personal_loss": ploss, "lam": lam})
             return res._replace(client_state=MapperClientState(h, lam))

@@ -28,7 +28,6 @@ from fedjax_pfl.core import (
     EngineConfig,
     ModelView,
     federated_round,
-    make_local_config,
     run_local,
     tree_broadcast,
 )
@@ -41,7 +40,14 @@ from fedjax_pfl.toolkit import (
     malicious_mask,
     resolve_cohort_size,
 )
-from fedjax_pfl.validation import check_nonnegative, check_positive
+from fedjax_pfl.validation import (
+    check_choice,
+    check_int,
+    check_nonnegative,
+    check_positive,
+)
+
+from ._checks import local_config
 
 REGULARIZERS = ("inverse", "direct")
 
@@ -136,17 +142,13 @@ def mocha(
     Raises:
       ValueError: for invalid arguments (the message names the argument).
     """
-    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll)
+    cfg = local_config(client_lr, num_local_steps, batch_size, sampling, unroll)
     check_cohort(cohort_size, cohort)
     check_nonnegative("lam1", lam1)
     check_nonnegative("lam2", lam2)
     check_positive("eps", eps)
-    if regularizer not in REGULARIZERS:
-        raise ValueError(f"regularizer: must be one of {REGULARIZERS}, got "
-                         f"{regularizer!r}")
-    if not isinstance(omega_every, int) or omega_every < 1:
-        raise ValueError(f"omega_every: must be a positive integer, got "
-                         f"{omega_every!r}")
+    check_choice("regularizer", regularizer, REGULARIZERS)
+    check_int("omega_every", omega_every, lo=1)
     mal = malicious_mask(attack, malicious)
     engine = engine or EngineConfig()
 

@@ -21,7 +21,6 @@ from fedjax_pfl.core import (
     EngineConfig,
     ModelView,
     federated_round,
-    make_local_config,
 )
 from fedjax_pfl.data import client_batch_indices, gather_batch
 from fedjax_pfl.models import Model, batch_loss
@@ -32,8 +31,9 @@ from fedjax_pfl.toolkit import (
     global_solver,
     resolve_cohort_size,
 )
-from fedjax_pfl.validation import check_nonnegative, check_positive
+from fedjax_pfl.validation import check_choice, check_nonnegative, check_positive
 
+from ._checks import local_config
 from ._ewc import finetune_clients, finetune_local_config
 
 HESSIANS = ("hf", "exact", "fo")
@@ -127,10 +127,9 @@ def per_fedavg(
     check_nonnegative("alpha", alpha)
     check_positive("beta", beta)
     check_positive("delta", delta)
-    cfg = make_local_config(beta, num_local_steps, batch_size, sampling, unroll)
+    cfg = local_config(beta, num_local_steps, batch_size, sampling, unroll)
     check_cohort(cohort_size, cohort)
-    if hessian not in HESSIANS:
-        raise ValueError(f"hessian: must be one of {HESSIANS}, got {hessian!r}")
+    check_choice("hessian", hessian, HESSIANS)
     ft = finetune_local_config(cfg._replace(lr=alpha), finetune_steps,
                                finetune_epochs, finetune_lr)
     engine = engine or EngineConfig()

@@ -19,7 +19,6 @@ from fedjax_pfl.core import (
     ModelView,
     client_loss,
     federated_round,
-    make_local_config,
     run_local,
 )
 from fedjax_pfl.models import Model
@@ -31,7 +30,9 @@ from fedjax_pfl.toolkit import (
     malicious_mask,
     resolve_cohort_size,
 )
-from fedjax_pfl.validation import check_nonnegative, check_positive
+from fedjax_pfl.validation import check_choice, check_nonnegative, check_positive
+
+from ._checks import local_config
 
 VARIANTS = ("qfedavg", "qfedsgd")
 
@@ -95,9 +96,8 @@ def qffl(
     for name, v in (("q", q), ("lipschitz_L", lipschitz_L)):
         if jnp.ndim(v) != 0:
             raise ValueError(f"{name}: must be a scalar, got shape {jnp.shape(v)}")
-    if variant not in VARIANTS:
-        raise ValueError(f"variant: must be one of {VARIANTS}, got {variant!r}")
-    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll)
+    check_choice("variant", variant, VARIANTS)
+    cfg = local_config(client_lr, num_local_steps, batch_size, sampling, unroll)
     check_cohort(cohort_size, cohort)
     mal = malicious_mask(attack, malicious)
     engine = engine or EngineConfig()

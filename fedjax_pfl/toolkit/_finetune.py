@@ -33,8 +33,12 @@ def make_finetune_config(cfg: LocalConfig, steps, lr, lam) -> FinetuneConfig | N
     along ONE minibatch stream and each count is reported as its own view
     ``finetuned_<count>`` (the Ditto paper's Fig. 6 picks the best count)."""
     counts = tuple(steps) if isinstance(steps, (tuple, list)) else None
-    ok = all(isinstance(c, int) and c > 0 for c in counts) if counts else (
-        isinstance(steps, int) and steps >= 0)
+
+    def is_int(c):  # a bool is not a step count
+        return isinstance(c, int) and not isinstance(c, bool)
+
+    ok = all(is_int(c) and c > 0 for c in counts) if counts else (
+        is_int(steps) and steps >= 0)
     if not ok:
         raise ValueError(f"finetune_steps: must be a non-negative integer or a tuple "
                          f"of positive integers, got {steps!r}")

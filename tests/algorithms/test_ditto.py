@@ -381,7 +381,8 @@ def _expected_selection(data, alg_state, key, metric, grid, fallback, min_val, *
     def candidate(c, lam_c):
         ck = jax.random.fold_in(jax.random.fold_in(rkey, KeyTag.CLIENT),
                                 data.key_ids[c])
-        v = local_train(MODEL, w, data.train, c, jax.random.fold_in(ck, KeyTag.PERSONAL),
+        pk = jax.random.fold_in(ck, KeyTag.PERSONAL)
+        v = local_train(MODEL, w, data.train, c, pk,
                         optimizer=optax.sgd(lr), num_steps=steps,
                         batch_size=batch_size, penalty=prox_penalty(lam_c, w))[0]
         score = client_loss(MODEL, v, data.val, c, metric=metric == "accuracy")
@@ -467,7 +468,7 @@ def test_selection_needs_a_validation_split(mode):
     (dict(selection_metric="f1"), "selection_metric"),
     (dict(min_val_examples=-1), "min_val_examples"),
     (dict(attack=attacks.model_replacement()), "malicious"),
-    (dict(personal_lr=0.0), "client_lr"),
+    (dict(personal_lr=0.0), "personal_lr"),
 ])
 def test_invalid_arguments_raise_at_construction(kw, name):
     with pytest.raises(ValueError, match=name):
