@@ -8,7 +8,7 @@ gives both the ``global`` model (its trajectory is exactly FedAvg's) and the
 Metrics are over benign clients (test accuracy: sample-weighted mean, std across
 clients, worst 10 %). Writes JSON lines (``--out``).
 
-    FEDJAX_PFL_DATA_DIR=../shared/data python benchmarks/ditto_fmnist.py \
+    FEDJAX_PFL_DATA_DIR=/path/to/data python benchmarks/ditto_fmnist.py \
         --attack A1 --ratio 0.5 --rounds 300 --eval-every 50 --out docs/results/ditto_fmnist.jsonl
 """
 

@@ -14,7 +14,7 @@ finetuning, EWC and SKL (their training IS FedAvg's; they differ only in the
 finetuning at evaluation, several penalty strengths each). Scale reductions and
 substitutions are listed in docs/results/baselines.md. Writes JSON lines.
 
-    FEDJAX_PFL_DATA_DIR=../shared/data python benchmarks/ditto_table2.py \
+    FEDJAX_PFL_DATA_DIR=/path/to/data python benchmarks/ditto_table2.py \
         --attack none --rounds 300 --out docs/results/baselines_table2.jsonl
 """
 

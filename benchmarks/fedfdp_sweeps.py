@@ -1,6 +1,7 @@
 """FedFDP's lambda sweep (paper Fig. 4) and clip-bound sweep (Fig. 5), vmapped.
 
-specs/fedfdp.md §12 items 4-5 at CPU scale: the FedFDP partition of MNIST (10
+The FedFDP paper's lambda and clip sweeps (Ling et al., arXiv 2402.16028) at CPU scale:
+the FedFDP partition of MNIST (10
 clients, Dirichlet 0.1, 75/25), one Poisson(q) step per round, q = 0.05,
 sigma = 2, sigma_loss = 5; every value of the swept hyperparameter runs as one
 ``fedjax_pfl.sweep`` (the whole simulation vmapped over the values, one program).
@@ -9,7 +10,7 @@ C at lambda = 0.1. All values share the noise multipliers, hence the epsilon. Th
 model is an MLP by default (a vmapped CNN is slow on CPU; ``--model cnn`` for
 the paper's FedAvgCNN).
 
-    FEDJAX_PFL_DATA_DIR=../shared/data python benchmarks/fedfdp_sweeps.py \
+    FEDJAX_PFL_DATA_DIR=/path/to/data python benchmarks/fedfdp_sweeps.py \
         --sweep lam --values 0 0.01 0.1 1 10 --out docs/results/fedfdp_sweeps.jsonl
 """
 

@@ -1,7 +1,8 @@
 """FedFDP's Tables 1-2 setting (Ling et al.): FedAvg and FedFair (non-private),
 DP-FedAvg and FedFDP (private, the same epsilon), on MNIST / Fashion-MNIST.
 
-The paper's setup (specs/fedfdp.md §8): the official train and test sets pooled,
+The paper's setup (Ling et al., FedFDP, arXiv 2402.16028): the official train and test
+sets pooled,
 pixels normalized to [-1, 1], 10 clients by Dirichlet(0.1) label skew (seed 1,
 >= 10 rows each), 75/25 train/test per client, the FedAvgCNN (582,026
 parameters), every client every round, one local step of lr 1 on a Poisson batch
@@ -16,7 +17,7 @@ Reported: the global model's test accuracy over all test rows (sample-weighted
 mean over clients) and Psi (the training-size-weighted variance of the clients'
 test losses, FedFDP eq. 6). Writes JSON lines (``--out``).
 
-    FEDJAX_PFL_DATA_DIR=../shared/data python benchmarks/fedfdp_tables.py \
+    FEDJAX_PFL_DATA_DIR=/path/to/data python benchmarks/fedfdp_tables.py \
         --datasets mnist fmnist --rounds 150 --out docs/results/fedfdp_tables.jsonl
 """
 

@@ -1,6 +1,6 @@
 """Fed+'s Table 2 (Kundu et al., arXiv 2009.06303, §5.1) at CPU scale.
 
-Rows (specs/fedplus.md §6.1): MNIST-robust / MNIST-personal with N parties
+Rows (Kundu et al., Fed+): MNIST-robust / MNIST-personal with N parties
 (logistic regression; ``fedjax_pfl.data.fedplus_mnist``) and the synthetic
 regression with an outlier party (linear regression, d = 1000;
 ``fedjax_pfl.data.fedplus_synthetic_regression``). The paper's settings: K = 10
@@ -17,7 +17,7 @@ numbers are shown as published. Metrics at the final round on the test split:
 accuracy (MNIST) or test MSE = mean (y - x.w)^2 (regression), both
 sample-weighted and averaged over parties.
 
-    FEDJAX_PFL_DATA_DIR=../shared/data python benchmarks/fedplus_table2.py \\
+    FEDJAX_PFL_DATA_DIR=/path/to/data python benchmarks/fedplus_table2.py \\
         --datasets mnist-robust-10 synthetic --seeds 0 1 2 \\
         --out docs/results/fedplus_table2.jsonl
     python benchmarks/fedplus_table2.py --report docs/results/fedplus_table2.jsonl

@@ -1,6 +1,6 @@
 """LINDT's NFL setting (Lin et al., arXiv 2020, Table 3 CIFAR/NFL) at CPU scale.
 
-The harmful environment of the paper's Table 2 (specs/lindt.md §4): non-IID
+The harmful environment of the paper's Table 2 (the LINDT paper): non-IID
 (Mixed: 50 % / 30 % / 20 % of the clients hold 10 / 5 / 2 classes, log-normal
 sizes), 10 % of the clients per round, 20 % semantic-backdoor attackers (deer ->
 horse, dog -> frog, 3 poisoned samples per batch of 10 in expectation, 5 local
@@ -20,7 +20,7 @@ averaged over the benign clients (spec §7.4c), private models trained with
 ``experiments.private_accuracy``. Reported: the mean over the last ``--tail``
 evaluations.
 
-    FEDJAX_PFL_DATA_DIR=/work/shared/data python benchmarks/lindt_nfl.py \\
+    FEDJAX_PFL_DATA_DIR=/path/to/data python benchmarks/lindt_nfl.py \\
         --out docs/results/lindt.jsonl --plot docs/results/lindt_nfl.png
     python benchmarks/lindt_nfl.py --report docs/results/lindt.jsonl
 """

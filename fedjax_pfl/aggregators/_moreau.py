@@ -2,7 +2,7 @@
 with RFA's geometric median.
 
 Fed+ (Yu et al., "Robustness and Personalization in Federated Learning: A Unified
-Approach via Regularization", IEEE EDGE 2022; specs/fedplus.md §1.5, §1.7, §3)
+Approach via Regularization", IEEE EDGE 2022; Kundu et al., Fed+)
 aggregates the clients' models ``u_k`` as
 
     A(U) = argmin_w  sum_k c_k  Psi_hat_{1/sigma}(u_k - w),

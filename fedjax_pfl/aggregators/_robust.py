@@ -7,8 +7,8 @@ the order of the cohort (up to exact ties in a selection), and treats the
 flattened concatenation of all leaves as a client's vector wherever a norm or a
 distance is involved. Contractions over the client axis are dots (``tensordot``,
 Gram matrices): XLA:CPU's leading-axis reductions are slow (docs/engine.md).
-Design notes and costs: docs/aggregators.md. Specs: specs/ditto.md §2.3,
-specs/fedplus.md §3.6.
+Design notes and costs: docs/aggregators.md. Papers: Li et al., ICML 2021
+(Ditto's aggregators); Kundu et al., Fed+.
 """
 
 from __future__ import annotations
@@ -291,7 +291,7 @@ def norm_clipping(then: Aggregator | None = None, *,
                   weighted: bool = False) -> Aggregator:
     """Clip every update to the round's median update norm, then aggregate (the
     Ditto paper's "clipping" baseline: Li et al., ICML 2021, §4.3 and its code's
-    ``l2_clip``; spec specs/ditto.md §2.3).
+    ``l2_clip``; Li et al., ICML 2021).
 
     ``c = median_k ||u_k||`` over the unmasked updates (even count: the mean of
     the two middle norms, ``np.median``); ``u_k <- u_k c / (||u_k|| + 1e-10)``
@@ -367,7 +367,7 @@ def k_norm(k: int, *, weighted: bool = False) -> Aggregator:
 
 def k_loss(k: int) -> Aggregator:
     """The Ditto paper's "k-loss" defense (Li et al., ICML 2021, §4.3 and App. D.4;
-    specs/ditto.md §2.3): return the single update whose client has the
+    Li et al., ICML 2021): return the single update whose client has the
     ``(k+1)``-th largest training loss.
 
     Follows the reference code: the losses ``F_k(w^t)`` of the unmasked clients on
@@ -452,7 +452,7 @@ def mgda_weights(gram: jax.Array, valid: jax.Array, epsilon, num_iters: int):
 def fedmgda_plus(epsilon=0.1, *, num_iters: int = 200) -> Aggregator:
     """FedMGDA+ (Hu et al., "Federated Learning Meets Multi-objective Optimization",
     IEEE TNSE 2022 / arXiv 2020), as the Ditto code's ``fedmgda_average``
-    (specs/ditto.md §2.3).
+    (Li et al., ICML 2021).
 
     Normalizes every unmasked update to unit norm, ``g_k = u_k / ||u_k||``, finds
     ``lambda`` minimizing ``||sum_k lambda_k g_k||^2`` over the simplex with

@@ -3,7 +3,7 @@
 Reference: Yuyang Deng, Mohammad Mahdi Kamani, Mehrdad Mahdavi, "Adaptive
 Personalized Federated Learning", arXiv:2003.13461, 2020 (Algorithm 1 and the
 adaptive mixing weight, §3-4). As a baseline: Li et al., "Ditto", ICML 2021,
-Table 2 (code ``flearn/trainers_MTL/apfl.py``). Spec: specs/ditto.md §2.5;
+Table 2 (code ``flearn/trainers_MTL/apfl.py``). Paper: Li et al., ICML 2021;
 decisions: docs/baselines-personalization.md.
 """
 

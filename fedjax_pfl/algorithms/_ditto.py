@@ -2,8 +2,8 @@
 
 Reference: Tian Li, Shengyuan Hu, Ahmad Beirami, Virginia Smith, "Ditto: Fair and
 Robust Federated Learning Through Personalization", ICML 2021 (Algorithms 1-2,
-§3.2 finetuning solver, §4 and App. D.2 per-device lambda). Spec:
-specs/ditto.md; decisions where paper and code differ: docs/ditto.md.
+§3.2 finetuning solver, §4 and App. D.2 per-device lambda). Paper: Li et al., ICML 2021;
+decisions where paper and code differ: docs/ditto.md.
 """
 
 from __future__ import annotations

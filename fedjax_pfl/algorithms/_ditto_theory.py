@@ -1,8 +1,8 @@
 """Ditto's closed forms (host NumPy): the test oracles of the paper's theory.
 
 Reference: Li, Hu, Beirami, Smith, "Ditto: Fair and Robust Federated Learning
-Through Personalization", ICML 2021, §3.3 and App. A (specs/ditto.md §5 and its
-Appendix). Federated point estimation: device k has ``w_k = theta + zeta_k`` with
+Through Personalization", ICML 2021, §3.3 and App. A. Federated point estimation: device
+k has ``w_k = theta + zeta_k`` with
 ``zeta_k ~ N(0, tau^2)`` (benign) or ``N(0, tau_a^2)`` (the ``num_malicious``
 adversaries), ``n`` points ``x_ki = w_k + N(0, sigma^2)``, local loss
 ``F_k(w) = (w - mean_i x_ki)^2 / 2`` and the global optimum ``w*`` the UNWEIGHTED

@@ -4,7 +4,7 @@ References:
   Abadi et al., "Deep Learning with Differential Privacy", CCS 2016 (DP-SGD).
   Ling et al., "FedFDP: Federated Learning with Fairness and Differential
   Privacy", arXiv 2402.16028 (its DP baselines: FedAvg with one local DP-SGD
-  step per round, i.e. DP-FedSGD; specs/fedfdp.md §9).
+  step per round, i.e. DP-FedSGD; Ling et al., FedFDP, arXiv 2402.16028).
   McMahan et al., AISTATS 2017 (FedAvg).
 
 Client-level DP (clip the update, noise at the server) is an aggregator wrapper

@@ -3,7 +3,7 @@
 References: James Kirkpatrick et al., "Overcoming catastrophic forgetting in
 neural networks", PNAS 2017 (elastic weight consolidation); as a personalization
 baseline in Li et al., "Ditto", ICML 2021, §4 and Table 2 (code
-``flearn/trainers_MTL/ewc.py``). Spec: specs/ditto.md §2.5; decisions:
+``flearn/trainers_MTL/ewc.py``). Paper: Li et al., ICML 2021; decisions:
 docs/baselines-personalization.md.
 
 Also holds the finetuning helpers shared by the finetuning baselines (EWC, SKL,

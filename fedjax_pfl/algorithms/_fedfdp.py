@@ -1,7 +1,7 @@
 """FedFair and FedFDP: fairness-weighted FedAvg, and its DP version.
 
 Reference: Ling, Fu, Chen et al., "FedFDP: Federated Learning with Fairness and
-Differential Privacy", arXiv 2402.16028 (2024); spec specs/fedfdp.md §2-5, the
+Differential Privacy", arXiv 2402.16028 (2024), the
 decisions taken are listed in docs/privacy.md.
 
 Client k minimizes ``F_k(w) + lam/2 (F_k(w) - F_hat)^2`` with the server's
@@ -88,7 +88,7 @@ def fedfdp(
     engine: EngineConfig | None = None,
     unroll: int | bool | None = None,
 ) -> Algorithm:
-    """FedFDP (Algorithm 2 of the paper, reconstructed in specs/fedfdp.md §4.3).
+    """FedFDP (Algorithm 2 of the paper, as reconstructed in docs/privacy.md).
 
     Defaults are the spec's recommendations (§8.2): q = 0.05, C = 0.1,
     sigma = 2, C_loss = 2.5, sigma_loss = 5, lr = 1, lam = 0.1, one local step,

@@ -3,7 +3,7 @@
 Reference: Achintya Kundu, Pengqian Yu, Laura Wynter, Shiau Hong Lim,
 "Robustness and Personalization in Federated Learning: A Unified Approach via
 Regularization" (arXiv 2009.06303, "Fed+"), Algorithm 1, eqs. (7), (11), (14),
-(25), Table 1. Spec: specs/fedplus.md; the decisions where the paper is silent or
+(25), Table 1. Paper: Kundu et al., Fed+; the decisions where the paper is silent or
 contradicts itself: docs/fedplus.md.
 """
 

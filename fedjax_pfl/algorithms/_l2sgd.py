@@ -3,7 +3,7 @@
 Reference: Filip Hanzely, Peter Richtarik, "Federated Learning of a Mixture of
 Global and Local Models", arXiv:2002.05516, 2020; as a baseline in Li et al.,
 "Ditto", ICML 2021, Table 2 and App. C.2 (code ``flearn/trainers_MTL/l2sgd.py``).
-Spec: specs/ditto.md §2.5; decisions: docs/baselines-personalization.md.
+Paper: Li et al., ICML 2021; decisions: docs/baselines-personalization.md.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Reference: Hong Lin, Lidan Shou, Ke Chen, Gang Chen, Sai Wu, "LINDT: Tackling
 Negative Federated Learning with Local Adaptation" (arXiv 2020), Alg. 2
 (App. B.2), Eq. 4 (DP aggregation), Eq. 5-7 (detection), Eq. 8-10 (dual model),
-§5.3 and App. C.7 (stopping strategies). Spec: specs/lindt.md; every decision
+§5.3 and App. C.7 (stopping strategies). Paper: the LINDT paper; every decision
 the paper leaves open: docs/lindt.md.
 """
 

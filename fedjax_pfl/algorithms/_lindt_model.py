@@ -2,7 +2,7 @@
 
 Reference: Lin, Shou, Chen, Chen, Wu, "LINDT: Tackling Negative Federated
 Learning with Local Adaptation" (arXiv 2020), §4.1, Eq. 8-10, App. B.1 (Fig. 4).
-Spec: specs/lindt.md §2.1-2.3; decisions: docs/lindt.md.
+Paper: the LINDT paper; decisions: docs/lindt.md.
 
 The global model ``G(., w)`` runs unchanged. The local model ``L(., v)`` (same
 layers) reads ``x`` in layer 1; after each layer ``m = 1..M-1`` an attaching

@@ -4,7 +4,7 @@ References: Yishay Mansour, Mehryar Mohri, Jae Ro, Ananda Theertha Suresh,
 "Three Approaches for Personalization with Applications to Federated
 Learning", arXiv:2002.10619, 2020 (§3, model interpolation / MAPPER); as run by
 Li et al., "Ditto", ICML 2021, Table 2 (code ``flearn/trainers_MTL/mapper.py``).
-Spec: specs/ditto.md §2.5; decisions: docs/baselines-personalization.md.
+Paper: Li et al., ICML 2021; decisions: docs/baselines-personalization.md.
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ baseline: Li et al., "Ditto", ICML 2021, Table 7 (Vehicle, linear SVM).
 What is implemented is NOT MOCHA's primal-dual (SDCA) solver: the W step is
 local proximal-gradient SGD on each selected client's block of the primal
 objective, with the other clients' round-start models held fixed (block
-coordinate descent over clients), followed by the closed-form Ω step. Spec:
-specs/ditto.md §2.5; decisions: docs/baselines-personalization.md.
+coordinate descent over clients), followed by the closed-form Ω step. Paper: Li et al.,
+ICML 2021; decisions: docs/baselines-personalization.md.
 """
 
 from __future__ import annotations

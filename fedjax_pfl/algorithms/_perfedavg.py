@@ -4,7 +4,7 @@ Reference: Alireza Fallah, Aryan Mokhtari, Asuman Ozdaglar, "Personalized
 Federated Learning with Theoretical Guarantees: A Model-Agnostic Meta-Learning
 Approach", NeurIPS 2020 (Algorithm 1; the Hessian-free variant, eq. (10)); as a
 baseline in Li et al., "Ditto", ICML 2021, Table 2 (code
-``flearn/trainers_MTL/meta.py``). Spec: specs/ditto.md §2.5; decisions:
+``flearn/trainers_MTL/meta.py``). Paper: Li et al., ICML 2021; decisions:
 docs/baselines-personalization.md.
 """
 

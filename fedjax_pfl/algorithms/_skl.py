@@ -3,7 +3,7 @@ the global model's predictions.
 
 Reference: Li et al., "Ditto: Fair and Robust Federated Learning Through
 Personalization", ICML 2021, §4 and Table 2 ("symmetrized KL", code
-``flearn/trainers_MTL/kl.py``). Spec: specs/ditto.md §2.5; decisions:
+``flearn/trainers_MTL/kl.py``). Paper: Li et al., ICML 2021; decisions:
 docs/baselines-personalization.md.
 """
 

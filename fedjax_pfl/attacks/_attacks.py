@@ -2,8 +2,8 @@
 Gaussian random updates (A2) and model replacement (A3).
 
 Reference: Li et al., "Ditto: Fair and Robust Federated Learning Through
-Personalization", ICML 2021, §4 and App. D (specs/ditto.md §3.3). Details the paper
-leaves open follow the authors' code (specs/ditto-reference-code.md §2.5): A2 sends
+Personalization", ICML 2021, §4 and App. D (Li et al., ICML 2021). Details the paper
+leaves open follow the authors' code (github.com/litian96/ditto): A2 sends
 noise with the entry std of the client's own update, A3 scales by the cohort size,
 and under every attack the malicious clients' TRAINING labels are poisoned (val and
 test stay clean).

@@ -5,7 +5,7 @@ Reference: LINDT (Lin et al., arXiv 2020) §5 and App. C.4, following Gu et al.
 CIFAR attackers relabel deer -> horse and dog -> frog (classes 4 -> 7, 5 -> 6),
 and every training batch of 10 mixes 3 backdoor samples with 7 correct ones;
 attackers train 5 local epochs (``algorithms.lindt(malicious_multiplier=5)``).
-Spec: specs/lindt.md §4.5 and §9.16.
+Paper: the LINDT paper
 """
 
 from __future__ import annotations

@@ -294,7 +294,8 @@ def dirichlet(
 ) -> FederatedData:
     """Dirichlet(``alpha``) label skew (:func:`dirichlet_indices`) + per-client split.
 
-    Defaults are FedFDP's (specs/fedfdp.md §8.1): 10 clients, ``alpha = 0.1``,
+    Defaults are FedFDP's (Ling et al., arXiv 2402.16028): 10 clients,
+    ``alpha = 0.1``,
     ``>= 10`` rows per client, seed 1, 75/25 train/test per client. FedFDP pools the
     official train and test sets first: pass ``concatenate([train, test])``.
     The per-client split uses :func:`split_clients` (test = ``floor(0.25 n)``;
@@ -331,7 +332,7 @@ def class_subset_lognormal_indices(
     test rows are shared with the same weights (no one-row minimum: a small client
     may miss a class, or have no test rows), so each client's train and test label
     distributions match
-    (LINDT, specs/lindt.md §4.2).
+    (the LINDT paper).
 
     Returns:
       ``(train_indices, test_indices)``: per-client index arrays into each split.

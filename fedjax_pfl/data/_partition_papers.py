@@ -131,7 +131,7 @@ def ditto_fmnist(
     seed: int = 233,
     shuffle_seed: int = 0,
 ) -> FederatedData:
-    """Ditto's Fashion-MNIST: 500 devices, 5 classes each (specs/ditto.md §4.2).
+    """Ditto's Fashion-MNIST: 500 devices, 5 classes each (Li et al., ICML 2021).
 
     The per-user rows are :func:`ditto_fmnist_indices`; images are standardized per
     pixel with the train split's statistics (:func:`standardize_pixels`) and
@@ -188,7 +188,7 @@ def ditto_femnist_skewed(
 ) -> FederatedData:
     """Ditto's skewed FEMNIST: 100 devices with 5 classes each (our construction).
 
-    The paper gives no script (specs/ditto.md §4.2). We apply the Fashion-MNIST
+    The paper gives no script (Li et al., ICML 2021). We apply the Fashion-MNIST
     recipe to the pooled FEMNIST rows: each class's rows are shuffled
     (``default_rng(seed)``); device sizes are ``lognormal(3, 1) + 10`` rescaled to
     sum to ``total_size`` (default: all rows); device ``u`` gets classes
@@ -252,7 +252,7 @@ def lindt_cifar(
     val_fraction: float = 0.0,
     seed: int = 0,
 ) -> FederatedData:
-    """LINDT's CIFAR-10 allocations (specs/lindt.md §4.2): all train and test rows.
+    """LINDT's CIFAR-10 allocations (the LINDT paper): all train and test rows.
 
     * ``"iid"``: a seeded shuffle of each split into equal parts (500 + 100).
     * ``"non_iid_{10,5,2}"``: every client holds 10/5/2 classes, log-normal sizes
@@ -362,7 +362,7 @@ def fedplus_synthetic_regression(
     fractions: Fractions = (0.5, 0.0, 0.5),
     seed: int = 0,
 ) -> FedPlusRegression:
-    """Fed+'s synthetic regression with an outlier party (specs/fedplus.md §6.1).
+    """Fed+'s synthetic regression with an outlier party (Kundu et al., Fed+).
 
     ``y = w_k . x + v``; ``x ~ N(mu_k, Sigma)``, ``Sigma_jj = (((j - 1) mod 50) +
     1)^-1.1`` for ``j = 1..d`` (the paper's ``mod(j, 50)^-1.1`` is infinite at

@@ -32,7 +32,7 @@ def fedprox_synthetic(
     fractions: tuple[float, float, float] = (0.8, 0.0, 0.2),
     seed: int = 0,
 ) -> FederatedData:
-    """FedProx's Synthetic(alpha, beta) (Li et al., MLSys 2020; specs/fedplus.md §6.2).
+    """FedProx's Synthetic(alpha, beta) (Li et al., MLSys 2020; Kundu et al., Fed+).
 
     Client k: ``u_k ~ N(0, alpha)``, ``W_k ~ N(u_k, 1)`` ``[dim, classes]``,
     ``b_k ~ N(u_k, 1)``; ``B_k ~ N(0, beta)``, ``v_k ~ N(B_k, 1)`` per feature,
@@ -96,7 +96,7 @@ def point_estimation_problem(
     theta: float = 0.0,
     seed: int = 0,
 ) -> PointEstimation:
-    """Federated point estimation (Ditto §3.3, specs/ditto.md §5.2).
+    """Federated point estimation (Ditto §3.3, Li et al., ICML 2021).
 
     Device k has ``w_k = theta + zeta_k``, ``zeta_k ~ N(0, tau^2)`` (benign) or
     ``N(0, tau_a^2)`` (malicious: the first ``num_malicious`` devices, as in the
@@ -144,7 +144,7 @@ def linear_regression_problem(
     tau_a: float = 0.0,
     seed: int = 0,
 ) -> LinearRegression:
-    """Federated linear regression with ``X_k^T X_k = beta I`` (specs/ditto.md §5.4).
+    """Federated linear regression with ``X_k^T X_k = beta I`` (Li et al., ICML 2021).
 
     ``w_k = zeta_k`` (``N(0, tau^2 I)`` benign, ``N(0, tau_a^2 I)`` for the first
     ``num_malicious``), ``X_k = sqrt(beta) Q`` with ``Q`` the orthonormal factor of

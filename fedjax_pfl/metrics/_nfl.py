@@ -3,8 +3,8 @@ server-side divergence detector.
 
 Reference: Hong Lin, Lidan Shou, Ke Chen, Gang Chen, Sai Wu, "LINDT: Tackling
 Negative Federated Learning with Local Adaptation" (arXiv 2020), §3 (Eq. 2-3 the
-gain, Eq. 5 and 7 the divergence, Alg. 2 s10-s15 the detector). Spec:
-specs/lindt.md §1; decisions: docs/lindt.md.
+gain, Eq. 5 and 7 the divergence, Alg. 2 s10-s15 the detector). Paper: the LINDT paper;
+decisions: docs/lindt.md.
 
 Measurement (needs on-client tests): ``beta_i = V_i^G - V_i^P`` where ``V^G`` is
 the accuracy of the model a client deploys and ``V^P`` that of its private model

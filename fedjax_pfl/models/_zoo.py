@@ -40,7 +40,7 @@ class MLP(nn.Module):
 
 
 class DittoFMNISTCNN(nn.Module):
-    """Ditto's Fashion-MNIST CNN (specs/ditto.md §4.3): 3,274,634 parameters.
+    """Ditto's Fashion-MNIST CNN (Li et al., ICML 2021): 3,274,634 parameters.
 
     conv5x5x32 same, ReLU, maxpool 2 -> conv5x5x64 same, ReLU, maxpool 2 ->
     dense 1024 ReLU -> dense 10.
@@ -89,7 +89,7 @@ def ditto_fmnist_cnn(num_classes: int = 10) -> Model:
 def mean_model(dim: int) -> Model:
     """A point estimate ``w`` with loss ``0.5 ||w - y||^2`` (x is ignored).
 
-    The federated point-estimation problem of the Ditto paper (specs/ditto.md §5.2):
+    The federated point-estimation problem of the Ditto paper (Li et al., ICML 2021):
     each client's loss is minimized at its sample mean.
     """
 

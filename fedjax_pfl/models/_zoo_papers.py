@@ -84,7 +84,7 @@ def nchw_to_nhwc(x):
 
 
 class DittoFEMNISTCNN(nn.Module):
-    """Ditto's FEMNIST CNN (specs/ditto.md §4.3): 222,078 parameters.
+    """Ditto's FEMNIST CNN (Li et al., ICML 2021): 222,078 parameters.
 
     conv5x5x16 same, ReLU, maxpool 2 -> conv5x5x32 same, ReLU, maxpool 2 ->
     [dropout keep 0.75] -> dense 128 ReLU -> [dropout keep 0.5] -> dense 62.
@@ -135,7 +135,7 @@ class BatchStatNorm(nn.Module):
 
 
 class DittoCelebACNN(nn.Module):
-    """Ditto's CelebA CNN (specs/ditto.md §4.3): 31,202 trainable parameters.
+    """Ditto's CelebA CNN (Li et al., ICML 2021): 31,202 trainable parameters.
 
     4 x [conv3x3x32 same -> batch-stat BN -> maxpool 2 same -> ReLU] ->
     flatten (6*6*32) -> dense 2. Inputs 84x84x3, raw 0..255 in the Ditto code.
@@ -192,7 +192,7 @@ def ditto_vehicle_svm(input_dim: int = 100, l2: float = 0.01) -> Model:
 
 
 class FedAvgCNN(nn.Module):
-    """PFLlib's ``FedAvgCNN`` as used by FedFDP (specs/fedfdp.md §8.1).
+    """PFLlib's ``FedAvgCNN`` as used by FedFDP (Ling et al., FedFDP, arXiv 2402.16028).
 
     conv5x5x32 valid, ReLU, maxpool 2 -> conv5x5x64 valid, ReLU, maxpool 2 ->
     dense 512 ReLU -> dense 10. 582,026 parameters on 28x28x1, 878,538 on 32x32x3.
@@ -226,7 +226,7 @@ def fedavg_cnn(
 
 
 class LindtCIFARCNN(nn.Module):
-    """LINDT's CIFAR-10 CNN (specs/lindt.md §4.7): 940,362 parameters.
+    """LINDT's CIFAR-10 CNN (the LINDT paper): 940,362 parameters.
 
     conv5x5x32 valid, ReLU, maxpool 2 -> conv5x5x64 valid, ReLU, maxpool 2 ->
     dense 512 ReLU -> dense 128 ReLU -> dense 10. The paper's dropout 0.5 (after
@@ -282,7 +282,7 @@ class TorchLSTM(nn.Module):
 
 
 class CharLSTM(nn.Module):
-    """LINDT's Shakespeare model (specs/lindt.md §4.7): 819,920 parameters.
+    """LINDT's Shakespeare model (the LINDT paper): 819,920 parameters.
 
     embedding 80 -> 8, two PyTorch-style LSTM layers of 256, dense 256 -> 80 on
     the last step (``all_steps=True``: on every step, ``[B, T, 80]``). Inputs are
