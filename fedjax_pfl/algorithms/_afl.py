@@ -21,6 +21,7 @@ from fedjax_pfl.core import (
     ModelView,
     client_loss,
     federated_round,
+    make_local_config,
     run_local,
 )
 from fedjax_pfl.models import Model
@@ -33,8 +34,6 @@ from fedjax_pfl.toolkit import (
     resolve_cohort_size,
 )
 from fedjax_pfl.validation import check_nonnegative
-
-from ._checks import local_config
 
 
 class AFLServerState(NamedTuple):
@@ -114,7 +113,7 @@ def afl(
     if jnp.ndim(lambda_lr) != 0:
         raise ValueError(f"lambda_lr: must be a scalar, got shape "
                          f"{jnp.shape(lambda_lr)}")
-    cfg = local_config(client_lr, num_local_steps, batch_size, sampling, unroll)
+    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll)
     check_cohort(cohort_size, cohort)
     mal = malicious_mask(attack, malicious)
     engine = engine or EngineConfig()

@@ -22,6 +22,7 @@ from fedjax_pfl.core import (
     EngineConfig,
     ModelView,
     federated_round,
+    make_local_config,
     tree_broadcast,
 )
 from fedjax_pfl.data import client_batch_indices, gather_batch
@@ -34,8 +35,6 @@ from fedjax_pfl.toolkit import (
     resolve_cohort_size,
 )
 from fedjax_pfl.validation import check_choice, check_nonnegative, check_number
-
-from ._checks import local_config
 
 
 class APFLClientState(NamedTuple):
@@ -107,7 +106,7 @@ def apfl(
     Raises:
       ValueError: for invalid arguments (the message names the argument).
     """
-    cfg = local_config(client_lr, num_local_steps, batch_size, sampling, unroll)
+    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll)
     check_cohort(cohort_size, cohort)
     check_number("alpha", alpha, lo=0.0, hi=1.0)
     check_choice("adaptive_alpha", adaptive_alpha, (True, False))

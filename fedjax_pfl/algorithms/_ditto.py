@@ -25,6 +25,7 @@ from fedjax_pfl.core import (
     client_loss,
     federated_round,
     lift,
+    make_local_config,
     prox_penalty,
     run_local,
     tree_broadcast,
@@ -50,7 +51,7 @@ from fedjax_pfl.validation import (
     is_concrete,
 )
 
-from ._checks import check_grid, local_config
+from ._checks import check_grid
 from ._dp import dp_client_update
 
 LAM_SELECTION = ("fixed", "paper", "greedy_step")
@@ -195,9 +196,9 @@ def ditto(
     check_int("personal_steps", personal_steps, lo=1, allow_none=True)
     if personal_epochs is not None:
         check_positive("personal_epochs", personal_epochs)
-    cfg = local_config(client_lr, num_local_steps, batch_size, sampling, unroll,
+    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll,
                        local_epochs, drop_last=drop_last, optimizer=local_optimizer)
-    pcfg = local_config(
+    pcfg = make_local_config(
         client_lr if personal_lr is None else personal_lr,
         num_local_steps if personal_steps is None else personal_steps,
         batch_size, sampling, unroll,

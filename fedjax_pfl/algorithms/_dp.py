@@ -28,6 +28,7 @@ from fedjax_pfl.core import (
     client_loss,
     client_steps,
     default_unroll,
+    make_local_config,
     passes_needed,
 )
 from fedjax_pfl.models import Model
@@ -39,8 +40,6 @@ from fedjax_pfl.toolkit import (
     stateless_algorithm,
 )
 from fedjax_pfl.validation import check_clip, check_int, is_concrete
-
-from ._checks import local_config
 
 
 def dp_steps(cfg, dp: DPConfig, sampling: str, split, cid):
@@ -156,7 +155,7 @@ def dp_fedavg(
     check_int("chunk_size", chunk_size, lo=1, allow_none=True)
     dp = make_dp_config(clip, noise_multiplier, sampling, sampling_rate,
                         max_batch_size, normalize, clip_method, chunk_size)
-    cfg = local_config(client_lr, num_local_steps, batch_size,
+    cfg = make_local_config(client_lr, num_local_steps, batch_size,
                        "with_replacement" if sampling == "poisson" else sampling,
                        unroll, local_epochs)
     check_cohort(cohort_size, cohort)

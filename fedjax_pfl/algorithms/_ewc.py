@@ -27,6 +27,7 @@ from fedjax_pfl.core import (
     ModelView,
     client_keys,
     lift,
+    make_local_config,
     run_local,
 )
 from fedjax_pfl.data import client_batch_indices, gather_batch
@@ -38,8 +39,6 @@ from fedjax_pfl.toolkit import (
     stateless_algorithm,
 )
 from fedjax_pfl.validation import check_int, check_nonnegative, check_positive
-
-from ._checks import local_config
 
 
 def finetune_local_config(cfg: LocalConfig, steps, epochs, lr) -> LocalConfig:
@@ -170,7 +169,7 @@ def ewc(
     Raises:
       ValueError: for invalid arguments (the message names the argument).
     """
-    cfg = local_config(client_lr, num_local_steps, batch_size, sampling, unroll,
+    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll,
                        local_epochs)
     check_cohort(cohort_size, cohort)
     check_nonnegative("lam", lam)

@@ -20,6 +20,7 @@ from fedjax_pfl.core import (
     ClientResult,
     EngineConfig,
     ModelView,
+    make_local_config,
     run_local,
     tree_broadcast,
 )
@@ -32,8 +33,6 @@ from fedjax_pfl.toolkit import (
     round_step,
     stateless_algorithm,
 )
-
-from ._checks import local_config
 
 
 def fedavg(
@@ -94,7 +93,7 @@ def fedavg(
       engine: execution strategy (vmap / lax.map / sharding).
       unroll: unroll local steps (default: on CPU).
     """
-    cfg = local_config(client_lr, num_local_steps, batch_size, sampling, unroll,
+    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll,
                        local_epochs, drop_last=drop_last,
                        optimizer=local_optimizer)
     check_cohort(cohort_size, cohort)
@@ -133,7 +132,7 @@ def local_only(
     ``num_local_steps`` steps per round, so the compute schedule matches FedAvg's
     (the Ditto paper's 'local' baseline). The evaluated model is ``personal``.
     """
-    cfg = local_config(client_lr, num_local_steps, batch_size, sampling, unroll)
+    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll)
     check_cohort(cohort_size, cohort)
     engine = engine or EngineConfig()
 

@@ -20,6 +20,7 @@ from fedjax_pfl.core import (
     EngineConfig,
     ModelView,
     federated_round,
+    make_local_config,
     prox_penalty,
     run_local,
     tree_broadcast,
@@ -35,8 +36,6 @@ from fedjax_pfl.toolkit import (
     resolve_cohort_size,
 )
 from fedjax_pfl.validation import check_positive
-
-from ._checks import local_config
 
 
 class FedDynServerState(NamedTuple):
@@ -98,7 +97,7 @@ def feddyn(
     check_positive("alpha", alpha)
     if jnp.ndim(alpha) != 0:
         raise ValueError(f"alpha: must be a scalar, got shape {jnp.shape(alpha)}")
-    cfg = local_config(client_lr, num_local_steps, batch_size, sampling, unroll)
+    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll)
     check_cohort(cohort_size, cohort)
     mal = malicious_mask(attack, malicious)
     agg = aggregator or mean(weighted=weighted)

@@ -30,6 +30,7 @@ from fedjax_pfl.core import (
     EngineConfig,
     KeyTag,
     ModelView,
+    check_unroll,
     default_unroll,
 )
 from fedjax_pfl.data import gather_batch
@@ -47,8 +48,6 @@ from fedjax_pfl.validation import (
     check_nonnegative,
     check_positive,
 )
-
-from ._checks import check_unroll
 
 WEIGHTINGS = ("per_sample", "batch")
 

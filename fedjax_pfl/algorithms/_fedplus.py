@@ -26,6 +26,7 @@ from fedjax_pfl.core import (
     ModelView,
     client_loss,
     federated_round,
+    make_local_config,
     run_local,
     tree_broadcast,
 )
@@ -45,8 +46,6 @@ from fedjax_pfl.validation import (
     check_number,
     check_positive,
 )
-
-from ._checks import local_config
 
 PSIS = ("sq", "l2", "l1", "ind0", "zero")
 AGG_SETS = ("all", "sampled")
@@ -216,7 +215,7 @@ def fedplus(
             num_local_steps = int(np.max(np.asarray(local_steps_per_client)))
         _check_steps_per_client(local_steps_per_client, num_local_steps)
     num_local_steps = 20 if num_local_steps is None else num_local_steps
-    cfg = local_config(client_lr, num_local_steps, batch_size, sampling, unroll,
+    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll,
                        local_epochs, drop_last=drop_last)
     check_cohort(cohort_size, cohort)
     mal = malicious_mask(attack, malicious)

@@ -16,6 +16,7 @@ from fedjax_pfl.core import (
     Algorithm,
     EngineConfig,
     ModelView,
+    make_local_config,
     prox_penalty,
 )
 from fedjax_pfl.models import Model
@@ -27,8 +28,6 @@ from fedjax_pfl.toolkit import (
     stateless_algorithm,
 )
 from fedjax_pfl.validation import check_nonnegative
-
-from ._checks import local_config
 
 
 def fedprox(
@@ -82,7 +81,7 @@ def fedprox(
     check_nonnegative("mu", mu)
     if jnp.ndim(mu) != 0:
         raise ValueError(f"mu: must be a scalar, got shape {jnp.shape(mu)}")
-    cfg = local_config(client_lr, num_local_steps, batch_size, sampling, unroll,
+    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll,
                        local_epochs)
     check_cohort(cohort_size, cohort)
     ft_cfg = make_finetune_config(cfg, finetune_steps, finetune_lr, finetune_lam)

@@ -96,10 +96,6 @@ def fedrep(
       ValueError: for invalid arguments (the message names the argument).
     """
     head = tk.check_layers(model, head_layers, name="head_layers")
-    check_int("num_local_steps", num_local_steps, lo=1)  # a bool is not a count
-    check_int("batch_size", batch_size, lo=1)
-    if unroll is not None and not isinstance(unroll, bool):
-        check_int("unroll", unroll, lo=1)
     check_int("head_steps", head_steps, lo=1, allow_none=True)
     if head_epochs is not None:
         check_positive("head_epochs", head_epochs)
@@ -114,30 +110,8 @@ def fedrep(
         num_local_steps if head_steps is None else head_steps, batch_size, sampling,
         unroll, local_epochs if inherit else head_epochs, drop_last=drop_last,
         optimizer=local_optimizer)
-    tk.check_cohort(cohort_size, cohort)
-    engine = engine or tk.EngineConfig()
-    body_init = lambda key: tk.split_params(model.init(key), head)[0]  # noqa: E731
-    # the server is FedAvg's on the body alone (its init, aggregation and step)
-    solver = tk.global_solver(model._replace(init=body_init), cfg,
-                              aggregator=aggregator, weighted=weighted,
-                              server_optimizer=server_optimizer)
-
-    def init(key, data):
-        tk.check_malicious(malicious, data.num_clients)
-        heads = tk.split_params(model.init(key), head)[1]
-        return tk.AlgorithmState(solver.init(key),
-                                 tk.tree_broadcast(heads, data.num_clients),
-                                 jnp.zeros((), jnp.int32))
-
-    client_fn = functools.partial(client_update, model, head_cfg, cfg,
-                                  solver.aggregator.needs_losses)
-    step = tk.round_step(client_fn, solver.server_fn, cohort_size=cohort_size,
-                         cohort=cohort, engine=engine, attack=attack,
-                         malicious=malicious,
-                         linear_weights=solver.aggregator.linear_weights)
-
-    def eval_models(state, data, key):
-        personal = tk.freeze_layers(model, state.server.params)
-        return {"personal": tk.ModelView(personal, state.clients, True)}
-
-    return tk.Algorithm(init, step, eval_models)
+    return tk.layer_split_algorithm(
+        model, head, 0, functools.partial(client_update, model, head_cfg, cfg), cfg,
+        aggregator=aggregator, weighted=weighted, server_optimizer=server_optimizer,
+        cohort_size=cohort_size, cohort=cohort, engine=engine, attack=attack,
+        malicious=malicious)

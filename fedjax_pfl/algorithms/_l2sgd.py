@@ -21,6 +21,7 @@ from fedjax_pfl.core import (
     EngineConfig,
     ModelView,
     federated_round,
+    make_local_config,
     prox_penalty,
     run_local,
     tree_broadcast,
@@ -35,8 +36,6 @@ from fedjax_pfl.toolkit import (
     resolve_cohort_size,
 )
 from fedjax_pfl.validation import check_choice, check_nonnegative
-
-from ._checks import local_config
 
 MEAN_MODES = ("exact", "code")
 
@@ -97,7 +96,7 @@ def l2sgd(
     Raises:
       ValueError: for invalid arguments (the message names the argument).
     """
-    cfg = local_config(client_lr, num_local_steps, batch_size, sampling, unroll,
+    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll,
                        local_epochs)
     check_cohort(cohort_size, cohort)
     check_nonnegative("lam", lam)

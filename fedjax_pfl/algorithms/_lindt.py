@@ -59,7 +59,6 @@ from fedjax_pfl.validation import (
     is_concrete,
 )
 
-from ._checks import local_config
 from ._lindt_model import SCORE_VARIANTS, DualModel, dual_apply, local_head_model
 
 MODES = ("always", "detect", "off")
@@ -177,7 +176,7 @@ def lindt(
     check_choice("stop", stop, STOP_STRATEGIES)
     check_choice("v_init", v_init, V_INITS)
     check_choice("score_variant", score_variant, SCORE_VARIANTS)
-    cfg = local_config(client_lr, num_local_steps, batch_size, sampling, unroll,
+    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll,
                        local_epochs)
     check_cohort(cohort_size, cohort)
     check_positive("lr_decay", lr_decay)

@@ -25,6 +25,7 @@ from fedjax_pfl.core import (
     client_loss,
     federated_round,
     lift,
+    make_local_config,
     run_local,
     tree_broadcast,
 )
@@ -38,7 +39,7 @@ from fedjax_pfl.toolkit import (
 )
 
 from ._apfl import mix
-from ._checks import check_grid, local_config
+from ._checks import check_grid
 from ._ewc import finetune_clients, finetune_local_config
 
 
@@ -109,7 +110,7 @@ def mapper(
     Raises:
       ValueError: for invalid arguments (the message names the argument).
     """
-    cfg = local_config(client_lr, num_local_steps, batch_size, sampling, unroll)
+    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll)
     check_cohort(cohort_size, cohort)
     grid = check_grid("lam_grid", lam_grid, hi=1.0)
     ft = finetune_local_config(cfg, finetune_steps, finetune_epochs, finetune_lr)

@@ -28,6 +28,7 @@ from fedjax_pfl.core import (
     EngineConfig,
     ModelView,
     federated_round,
+    make_local_config,
     run_local,
     tree_broadcast,
 )
@@ -46,8 +47,6 @@ from fedjax_pfl.validation import (
     check_nonnegative,
     check_positive,
 )
-
-from ._checks import local_config
 
 REGULARIZERS = ("inverse", "direct")
 
@@ -142,7 +141,7 @@ def mocha(
     Raises:
       ValueError: for invalid arguments (the message names the argument).
     """
-    cfg = local_config(client_lr, num_local_steps, batch_size, sampling, unroll)
+    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll)
     check_cohort(cohort_size, cohort)
     check_nonnegative("lam1", lam1)
     check_nonnegative("lam2", lam2)

@@ -21,6 +21,7 @@ from fedjax_pfl.core import (
     EngineConfig,
     ModelView,
     federated_round,
+    make_local_config,
 )
 from fedjax_pfl.data import client_batch_indices, gather_batch
 from fedjax_pfl.models import Model, batch_loss
@@ -33,7 +34,6 @@ from fedjax_pfl.toolkit import (
 )
 from fedjax_pfl.validation import check_choice, check_nonnegative, check_positive
 
-from ._checks import local_config
 from ._ewc import finetune_clients, finetune_local_config
 
 HESSIANS = ("hf", "exact", "fo")
@@ -127,7 +127,7 @@ def per_fedavg(
     check_nonnegative("alpha", alpha)
     check_positive("beta", beta)
     check_positive("delta", delta)
-    cfg = local_config(beta, num_local_steps, batch_size, sampling, unroll)
+    cfg = make_local_config(beta, num_local_steps, batch_size, sampling, unroll)
     check_cohort(cohort_size, cohort)
     check_choice("hessian", hessian, HESSIANS)
     ft = finetune_local_config(cfg._replace(lr=alpha), finetune_steps,

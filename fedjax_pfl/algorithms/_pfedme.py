@@ -19,6 +19,7 @@ from fedjax_pfl.core import (
     EngineConfig,
     ModelView,
     federated_round,
+    make_local_config,
     prox_penalty,
     tree_broadcast,
 )
@@ -34,8 +35,6 @@ from fedjax_pfl.toolkit import (
     resolve_cohort_size,
 )
 from fedjax_pfl.validation import check_int, check_positive
-
-from ._checks import local_config
 
 
 def prox_solve(model: Model, anchor, start, x, y, mask, *, lam, lr, steps: int,
@@ -114,7 +113,7 @@ def pfedme(
         if jnp.ndim(v) != 0:
             raise ValueError(f"{name}: must be a scalar, got shape {jnp.shape(v)}")
     check_int("inner_steps", inner_steps, lo=1)
-    cfg = local_config(client_lr, num_local_steps, batch_size, sampling, unroll)
+    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll)
     check_cohort(cohort_size, cohort)
     mal = malicious_mask(attack, malicious)
     agg = aggregator or mean(weighted=weighted)

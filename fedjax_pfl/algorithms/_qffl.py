@@ -19,6 +19,7 @@ from fedjax_pfl.core import (
     ModelView,
     client_loss,
     federated_round,
+    make_local_config,
     run_local,
 )
 from fedjax_pfl.models import Model
@@ -31,8 +32,6 @@ from fedjax_pfl.toolkit import (
     resolve_cohort_size,
 )
 from fedjax_pfl.validation import check_choice, check_nonnegative, check_positive
-
-from ._checks import local_config
 
 VARIANTS = ("qfedavg", "qfedsgd")
 
@@ -97,7 +96,7 @@ def qffl(
         if jnp.ndim(v) != 0:
             raise ValueError(f"{name}: must be a scalar, got shape {jnp.shape(v)}")
     check_choice("variant", variant, VARIANTS)
-    cfg = local_config(client_lr, num_local_steps, batch_size, sampling, unroll)
+    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll)
     check_cohort(cohort_size, cohort)
     mal = malicious_mask(attack, malicious)
     engine = engine or EngineConfig()

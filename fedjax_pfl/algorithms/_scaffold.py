@@ -23,6 +23,7 @@ from fedjax_pfl.core import (
     ModelView,
     client_loss,
     federated_round,
+    make_local_config,
     run_local,
     tree_broadcast,
 )
@@ -37,8 +38,6 @@ from fedjax_pfl.toolkit import (
     resolve_cohort_size,
 )
 from fedjax_pfl.validation import check_positive
-
-from ._checks import local_config
 
 
 class ScaffoldServerState(NamedTuple):
@@ -96,7 +95,7 @@ def scaffold(
     Raises:
       ValueError: non-positive ``global_lr``, or an invalid ``fedavg`` argument.
     """
-    cfg = local_config(client_lr, num_local_steps, batch_size, sampling, unroll)
+    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll)
     check_positive("global_lr", global_lr)
     check_cohort(cohort_size, cohort)
     mal = malicious_mask(attack, malicious)

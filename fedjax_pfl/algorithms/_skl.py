@@ -14,13 +14,12 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_pfl.aggregators import Aggregator
-from fedjax_pfl.core import Algorithm, EngineConfig
+from fedjax_pfl.core import Algorithm, EngineConfig, make_local_config
 from fedjax_pfl.data import client_batch_indices, gather_batch
 from fedjax_pfl.models import Model
 from fedjax_pfl.toolkit import check_cohort, global_solver
 from fedjax_pfl.validation import check_choice, check_nonnegative
 
-from ._checks import local_config
 from ._ewc import finetune_local_config, penalized_finetuning
 
 KL_WEIGHTS = ("code", "paper")
@@ -77,7 +76,7 @@ def skl(
     Raises:
       ValueError: for invalid arguments (the message names the argument).
     """
-    cfg = local_config(client_lr, num_local_steps, batch_size, sampling, unroll,
+    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll,
                        local_epochs)
     check_cohort(cohort_size, cohort)
     check_nonnegative("lam", lam)

@@ -18,6 +18,7 @@ from ._eval import evaluate_split as evaluate_split
 from ._eval import summarize as summarize
 from ._keys import KeyTag as KeyTag
 from ._local import LocalConfig as LocalConfig
+from ._local import check_unroll as check_unroll
 from ._local import client_loss as client_loss
 from ._local import client_steps as client_steps
 from ._local import default_unroll as default_unroll

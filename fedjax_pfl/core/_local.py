@@ -19,6 +19,7 @@ from fedjax_pfl.data import (
     gather_batch,
 )
 from fedjax_pfl.models import Model, Params, batch_loss
+from fedjax_pfl.validation import check_int, check_positive
 
 
 def client_loss(model: Model, params: Params, split: Split, client: jax.Array,
@@ -154,23 +155,25 @@ def default_unroll(num_steps: int) -> bool:
     return jax.default_backend() == "cpu" and num_steps <= 32
 
 
+def check_unroll(unroll) -> None:
+    """``unroll``: ``None`` (the backend's default), a bool (``lax.scan``'s
+    meaning: ``True`` fully unrolled) or an integer ``>= 1``."""
+    if unroll is not None and not isinstance(unroll, (bool, np.bool_)):
+        check_int("unroll", unroll, lo=1)
+
+
 def make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll,
                       epochs=None, *, drop_last: bool = False,
                       optimizer=None) -> LocalConfig:
     """Validates and bundles the local-training arguments (``ValueError`` naming
     the argument). ``epochs`` (``local_epochs``), when given, replaces the step
     count (see :class:`LocalConfig`)."""
-    from ._clients import check_positive
-
     check_positive("client_lr", client_lr)
     if epochs is not None:
         check_positive("local_epochs", epochs)
-    if not isinstance(num_local_steps, int) or num_local_steps < 1:
-        raise ValueError(
-            f"num_local_steps: must be a positive integer, got {num_local_steps!r}"
-        )
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size: must be a positive integer, got {batch_size!r}")
+    check_int("num_local_steps", num_local_steps, lo=1)  # a bool is not a count
+    check_int("batch_size", batch_size, lo=1)
+    check_unroll(unroll)
     if sampling not in SAMPLING_MODES:
         raise ValueError(f"sampling: must be one of {SAMPLING_MODES}, got {sampling!r}")
     if not isinstance(drop_last, bool):

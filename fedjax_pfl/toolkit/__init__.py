@@ -48,6 +48,7 @@ from ._finetune import make_finetune_config as make_finetune_config
 from ._partition import check_layers as check_layers
 from ._partition import freeze_layers as freeze_layers
 from ._partition import layer_names as layer_names
+from ._partition import layer_split_algorithm as layer_split_algorithm
 from ._partition import merge_params as merge_params
 from ._partition import split_params as split_params
 from ._round import attack_delta as attack_delta

@@ -16,11 +16,17 @@ optimizer state (``optax.masked`` would differentiate and carry every layer).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 
 import jax
+import jax.numpy as jnp
 
+from fedjax_pfl.core import Algorithm, AlgorithmState, ModelView, tree_broadcast
 from fedjax_pfl.models import Model, Params
+
+from ._round import check_malicious, round_step
+from ._solver import global_solver
 
 
 def layer_names(model: Model) -> tuple[str, ...]:
@@ -94,3 +100,44 @@ def freeze_layers(model: Model, fixed: Params) -> Model:
         apply=lambda p, x: model.apply(merge_params(fixed, p), x),
         regularizer=None if reg is None else (
             lambda p: reg(merge_params(fixed, p))))
+
+
+def layer_split_algorithm(model: Model, layers: tuple[str, ...], shared: int,
+                          client_update, cfg, *, aggregator=None, weighted=False,
+                          server_optimizer=None, cohort_size, cohort, engine,
+                          attack, malicious) -> Algorithm:
+    """An :class:`fedjax_pfl.core.Algorithm` whose parameters are split by
+    ``layers`` (:func:`split_params`): part ``shared`` (0: the other layers,
+    1: ``layers``) is a global model with FedAvg's server (its init,
+    aggregation and optimizer step, :func:`global_solver`), the other part is
+    every client's state (``w^0``'s part, stacked). ``client_update(needs_losses,
+    server, part, cid, key, data) -> ClientResult`` is the one-client kernel
+    (``needs_losses``: whether the aggregator reads ``round_start_loss``); the
+    engine applies ``attack``. Evaluated: ``personal`` (the global part with
+    each client's own, :func:`freeze_layers`: no per-client copy)."""
+
+    def part(params, i):
+        return split_params(params, layers)[i]
+
+    solver = global_solver(model._replace(init=lambda key: part(model.init(key),
+                                                                  shared)),
+                           cfg, aggregator=aggregator, weighted=weighted,
+                           server_optimizer=server_optimizer)
+
+    def init(key, data):
+        check_malicious(malicious, data.num_clients)
+        own = part(model.init(key), 1 - shared)
+        return AlgorithmState(solver.init(key), tree_broadcast(own, data.num_clients),
+                              jnp.zeros((), jnp.int32))
+
+    step = round_step(functools.partial(client_update,
+                                        solver.aggregator.needs_losses),
+                      solver.server_fn, cohort_size=cohort_size, cohort=cohort,
+                      engine=engine, attack=attack, malicious=malicious,
+                      linear_weights=solver.aggregator.linear_weights)
+
+    def eval_models(state, data, key):
+        personal = freeze_layers(model, state.server.params)
+        return {"personal": ModelView(personal, state.clients, True)}
+
+    return Algorithm(init, step, eval_models)
