@@ -7,6 +7,7 @@ algorithm with Euclidean projections). Decisions: docs/baselines-global.md.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -17,7 +18,7 @@ from fedjax_pfl.core import (
     Algorithm,
     AlgorithmState,
     ClientResult,
-    EngineConfig,
+    LocalConfig,
     ModelView,
     client_loss,
     federated_round,
@@ -60,20 +61,39 @@ def project_simplex(v: jax.Array) -> jax.Array:
     return jnp.maximum(v - tau, 0.0)
 
 
+def client_update(model: Model, cfg: LocalConfig, attack, mal,
+                  server: AFLServerState, client_state, cid, key, data, *,
+                  cohort_size: int) -> ClientResult:
+    """AFL for ONE client: ``F_k(w)`` on all its training data and ``delta_k =
+    w_k - w`` from ``cfg``'s local SGD (stream ``key``), attacked if flagged in
+    ``mal``. Uploads ``(lam_k delta_k, F_k e_k)`` (``e_k`` the one-hot of ``cid``
+    over ``data.num_clients``), weight 1; no client state (``client_state`` is
+    ``()``, unused)."""
+    w = server.params
+    f_k = client_loss(model, w, data.train, cid)
+    w_k, loss = run_local(model, w, data, cid, key, cfg)
+    delta = jax.tree.map(jnp.subtract, w_k, w)
+    if attack is not None:
+        delta = attack_delta(attack, mal, key, delta, cid, cohort_size)
+    lam_k = server.lam[cid]
+    upload = (jax.tree.map(lambda d: lam_k * d, delta),
+              f_k * jax.nn.one_hot(cid, data.num_clients, dtype=jnp.float32))
+    return ClientResult((), upload, jnp.float32(1.0),
+                        {"loss": loss, "round_start_loss": f_k})
+
+
 def afl(
     model: Model,
     *,
     lambda_lr: float | jax.Array = 0.01,
     client_lr: float | jax.Array = 0.1,
-    num_local_steps: int = 1,
+    num_local_steps: int = 10,
     batch_size: int = 32,
     cohort_size: int = 10,
-    cohort: str = "full",
-    sampling: str = "full_batch",
+    cohort: str = "uniform",
+    sampling: str = "with_replacement",
     attack=None,
     malicious=None,
-    engine: EngineConfig | None = None,
-    unroll: int | bool | None = None,
 ) -> Algorithm:
     """Agnostic FL: ``min_w max_{lam in simplex} sum_k lam_k F_k(w)``.
 
@@ -104,7 +124,6 @@ def afl(
       client_lr, num_local_steps, batch_size, sampling: the clients' local SGD.
       cohort_size, cohort: default ``full`` (see above).
       attack, malicious: update attack and ``[num_clients]`` malicious mask.
-      engine, unroll: execution (see ``fedavg``).
 
     Raises:
       ValueError: ``lambda_lr`` negative, or an invalid ``fedavg`` argument.
@@ -113,10 +132,10 @@ def afl(
     if jnp.ndim(lambda_lr) != 0:
         raise ValueError(f"lambda_lr: must be a scalar, got shape "
                          f"{jnp.shape(lambda_lr)}")
-    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll)
+    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling)
     check_cohort(cohort_size, cohort)
     mal = malicious_mask(attack, malicious)
-    engine = engine or EngineConfig()
+    kernel = functools.partial(client_update, model, cfg, attack, mal)
 
     def init(key, data):
         check_malicious(malicious, data.num_clients)
@@ -128,19 +147,6 @@ def afl(
         check_malicious(malicious, num_clients)
         m = resolve_cohort_size(cohort_size, cohort, num_clients)
 
-        def client_fn(server, client_state, cid, key, data):
-            w = server.params
-            f_k = client_loss(model, w, data.train, cid)
-            w_k, loss = run_local(model, w, data, cid, key, cfg)
-            delta = jax.tree.map(jnp.subtract, w_k, w)
-            if attack is not None:
-                delta = attack_delta(attack, mal, key, delta, cid, m)
-            lam_k = server.lam[cid]
-            upload = (jax.tree.map(lambda d: lam_k * d, delta),
-                      f_k * jax.nn.one_hot(cid, num_clients, dtype=jnp.float32))
-            return ClientResult((), upload, jnp.float32(1.0),
-                                {"loss": loss, "round_start_loss": f_k})
-
         def server_fn(server, updates, weights, mask, metrics, key):
             # Uploads arrive averaged over the cohort: N * mean = (N/m) * sum.
             step, losses = jax.tree.map(lambda a: num_clients * a[0], updates)
@@ -150,8 +156,8 @@ def afl(
                 "server/update_norm": optax.tree.norm(step),
                 "server/lambda_max": jnp.max(lam)}
 
-        return federated_round(client_fn, server_fn, cohort_size=m, cohort=cohort,
-                               engine=engine,
+        return federated_round(functools.partial(kernel, cohort_size=m), server_fn,
+                               cohort_size=m, cohort=cohort,
                                linear_weights=lambda weights, mask: mask)
 
     def eval_models(state, data, key):

@@ -7,6 +7,7 @@ Regularization", ICLR 2021 (Algorithm 1). Decisions: docs/baselines-global.md.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -17,7 +18,8 @@ from fedjax_pfl.aggregators import Aggregator, mean
 from fedjax_pfl.core import (
     Algorithm,
     AlgorithmState,
-    EngineConfig,
+    ClientResult,
+    LocalConfig,
     ModelView,
     federated_round,
     make_local_config,
@@ -47,6 +49,25 @@ class FedDynServerState(NamedTuple):
     agg_state: object
 
 
+def client_update(model: Model, cfg: LocalConfig, alpha, aggregator: Aggregator,
+                  attack, mal, server: FedDynServerState, grad_k, cid, key, data,
+                  *, cohort_size: int) -> ClientResult:
+    """FedDyn for ONE client (Algorithm 1): ``cfg.num_steps`` SGD steps from
+    ``w^t = server.params`` (stream ``key``) on ``F_k(w) - <grad_k, w> +
+    alpha/2 ||w - w^t||^2``, then ``grad_k <- grad_k - alpha (w_k - w^t)``
+    (the client state). The upload is FedAvg's (:func:`fedjax_pfl.toolkit.
+    client_upload`: ``w_k - w^t``, attacked if flagged in ``mal``, weight
+    ``n_k``, the round-start loss if ``aggregator`` needs it)."""
+    w = server.params
+    linear = linear_penalty(jax.tree.map(jnp.negative, grad_k))
+    prox = prox_penalty(alpha, w)
+    w_k, loss = run_local(model, w, data, cid, key, cfg,
+                          penalty=lambda p: linear(p) + prox(p))
+    grad_new = jax.tree.map(lambda g, a, b: g - alpha * (a - b), grad_k, w_k, w)
+    return client_upload(model, aggregator, attack, mal, w, w_k, cid, key, data,
+                         cohort_size, {"loss": loss})._replace(client_state=grad_new)
+
+
 def feddyn(
     model: Model,
     *,
@@ -58,11 +79,9 @@ def feddyn(
     cohort: str = "uniform",
     sampling: str = "with_replacement",
     aggregator: Aggregator | None = None,
-    weighted: bool = False,
+    weighted: bool = True,
     attack=None,
     malicious=None,
-    engine: EngineConfig | None = None,
-    unroll: int | bool | None = None,
 ) -> Algorithm:
     """FedDyn (Algorithm 1).
 
@@ -76,19 +95,20 @@ def feddyn(
     ``w <- mean_S w_k - h / alpha``.
 
     ``mean_S w_k`` is ``w^t + agg(w_k - w^t)`` with ``aggregator`` (default: the
-    paper's unweighted mean), and ``sum_S`` is ``|S| agg(...)``, so a robust
-    aggregator replaces both. The ``w`` evaluated as ``global`` is this
-    server model (the paper's ``theta^t``). An ``attack`` replaces a malicious
-    client's upload (its own ``grad_k`` update is honest).
+    size-weighted mean; the paper's is unweighted, ``weighted=False``), and
+    ``sum_S`` is ``|S| agg(...)``, so a robust aggregator replaces both. The
+    ``w`` evaluated as ``global`` is this server model (the paper's
+    ``theta^t``). An ``attack`` replaces a malicious client's upload (its own
+    ``grad_k`` update is honest).
 
     Args:
       model: the model.
       alpha: the dynamic regularization coefficient, ``> 0`` (may be traced).
       client_lr, num_local_steps, batch_size, sampling: local SGD.
       cohort_size, cohort: clients per round and how they are drawn.
-      aggregator, weighted: the rule applied to the uploads (default unweighted).
+      aggregator, weighted: the rule applied to the uploads (default: weighted
+        by training-set size; the paper: ``weighted=False``).
       attack, malicious: update attack and ``[num_clients]`` malicious mask.
-      engine, unroll: execution (see ``fedavg``).
 
     Raises:
       ValueError: ``alpha`` not positive and finite, or an invalid ``fedavg``
@@ -97,11 +117,11 @@ def feddyn(
     check_positive("alpha", alpha)
     if jnp.ndim(alpha) != 0:
         raise ValueError(f"alpha: must be a scalar, got shape {jnp.shape(alpha)}")
-    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll)
+    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling)
     check_cohort(cohort_size, cohort)
     mal = malicious_mask(attack, malicious)
     agg = aggregator or mean(weighted=weighted)
-    engine = engine or EngineConfig()
+    kernel = functools.partial(client_update, model, cfg, alpha, agg, attack, mal)
 
     def init(key, data):
         check_malicious(malicious, data.num_clients)
@@ -111,22 +131,9 @@ def feddyn(
         return AlgorithmState(server, tree_broadcast(zeros, data.num_clients),
                               jnp.zeros((), jnp.int32))
 
-    def client_update(server, grad_k, cid, key, data, m):
-        w = server.params
-        linear = linear_penalty(jax.tree.map(jnp.negative, grad_k))
-        prox = prox_penalty(alpha, w)
-        w_k, loss = run_local(model, w, data, cid, key, cfg,
-                              penalty=lambda p: linear(p) + prox(p))
-        grad_new = jax.tree.map(lambda g, a, b: g - alpha * (a - b), grad_k, w_k, w)
-        return client_upload(model, agg, attack, mal, w, w_k, cid, key, data, m,
-                             {"loss": loss})._replace(client_state=grad_new)
-
     def build(num_clients):
         check_malicious(malicious, num_clients)
         m = resolve_cohort_size(cohort_size, cohort, num_clients)
-
-        def client_fn(server, grad_k, cid, key, data):
-            return client_update(server, grad_k, cid, key, data, m)
 
         def server_fn(server, updates, weights, mask, metrics, key):
             delta, agg_state = agg.aggregate(
@@ -139,8 +146,9 @@ def feddyn(
             return FedDynServerState(params, h, agg_state), {
                 "server/update_norm": optax.tree.norm(delta)}
 
-        return federated_round(client_fn, server_fn, cohort_size=m, cohort=cohort,
-                               engine=engine, linear_weights=agg.linear_weights)
+        return federated_round(functools.partial(kernel, cohort_size=m), server_fn,
+                               cohort_size=m, cohort=cohort,
+                               linear_weights=agg.linear_weights)
 
     def eval_models(state, data, key):
         return {"global": ModelView(model, state.server.params, False)}

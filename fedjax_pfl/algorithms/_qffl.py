@@ -7,6 +7,8 @@ q-FedAvg). Decisions: docs/baselines-global.md.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -15,7 +17,7 @@ from fedjax_pfl.core import (
     Algorithm,
     AlgorithmState,
     ClientResult,
-    EngineConfig,
+    LocalConfig,
     ModelView,
     client_loss,
     federated_round,
@@ -36,6 +38,38 @@ from fedjax_pfl.validation import check_choice, check_nonnegative, check_positiv
 VARIANTS = ("qfedavg", "qfedsgd")
 
 
+def client_update(model: Model, cfg: LocalConfig, variant: str, q, lipschitz_L,
+                  attack, mal, w, client_state, cid, key, data, *,
+                  cohort_size: int) -> ClientResult:
+    """q-FFL for ONE client (q-FedAvg: Algorithm 2; q-FedSGD: Algorithm 1):
+    ``F_k = F_k(w^t)`` on all its training data and the model update ``u``
+    (``qfedavg``: ``w_k - w^t`` from ``cfg``'s local SGD, stream ``key``;
+    ``qfedsgd``: ``-grad F_k(w^t) / L``), attacked if flagged in ``mal``;
+    ``Delta_k = -L u``. Uploads ``(F_k^q Delta_k, h_k)`` with
+    ``h_k = q F_k^{q-1} ||Delta_k||^2 + L F_k^q``, weight 1; no client state
+    (``client_state`` is ``()``, unused)."""
+    if variant == "qfedavg":
+        f_k = client_loss(model, w, data.train, cid)
+        w_k, loss = run_local(model, w, data, cid, key, cfg)
+        update = jax.tree.map(jnp.subtract, w_k, w)
+    else:
+        f_k, grad = jax.value_and_grad(
+            lambda p: client_loss(model, p, data.train, cid))(w)
+        loss = f_k
+        update = jax.tree.map(lambda g: -g / lipschitz_L, grad)
+    if attack is not None:
+        update = attack_delta(attack, mal, key, update, cid, cohort_size)
+    direction = jax.tree.map(lambda u: -lipschitz_L * u, update)  # Delta_k
+    fq = jnp.power(f_k, q)
+    sq = sum(jnp.sum(jnp.square(d)) for d in jax.tree.leaves(direction))
+    # q F^{q-1} written as 0 when q = 0 (no 0 * inf at F = 0).
+    slope = jnp.where(q == 0, 0.0, q * jnp.power(f_k, q - 1.0))
+    h_k = slope * sq + lipschitz_L * fq
+    scaled = jax.tree.map(lambda d: fq * d, direction)
+    metrics = {"loss": loss, "round_start_loss": f_k}
+    return ClientResult((), (scaled, h_k), jnp.float32(1.0), metrics)
+
+
 def qffl(
     model: Model,
     *,
@@ -50,8 +84,6 @@ def qffl(
     sampling: str = "with_replacement",
     attack=None,
     malicious=None,
-    engine: EngineConfig | None = None,
-    unroll: int | bool | None = None,
 ) -> Algorithm:
     """q-FedAvg / q-FedSGD: minimizes ``sum_k p_k F_k^{q+1} / (q+1)``.
 
@@ -84,7 +116,6 @@ def qffl(
         samples clients with probability ``p_k``, i.e. ``size_weighted``, then
         averages without weights).
       attack, malicious: update attack and ``[num_clients]`` malicious mask.
-      engine, unroll: execution (see ``fedavg``).
 
     Raises:
       ValueError: ``q < 0``, ``lipschitz_L <= 0``, an unknown ``variant``, or an
@@ -96,43 +127,19 @@ def qffl(
         if jnp.ndim(v) != 0:
             raise ValueError(f"{name}: must be a scalar, got shape {jnp.shape(v)}")
     check_choice("variant", variant, VARIANTS)
-    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll)
+    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling)
     check_cohort(cohort_size, cohort)
     mal = malicious_mask(attack, malicious)
-    engine = engine or EngineConfig()
+    kernel = functools.partial(client_update, model, cfg, variant, q, lipschitz_L,
+                               attack, mal)
 
     def init(key, data):
         check_malicious(malicious, data.num_clients)
         return AlgorithmState(model.init(key), (), jnp.zeros((), jnp.int32))
 
-    def client_update(w, cid, key, data, m):
-        if variant == "qfedavg":
-            f_k = client_loss(model, w, data.train, cid)
-            w_k, loss = run_local(model, w, data, cid, key, cfg)
-            update = jax.tree.map(jnp.subtract, w_k, w)
-        else:
-            f_k, grad = jax.value_and_grad(
-                lambda p: client_loss(model, p, data.train, cid))(w)
-            loss = f_k
-            update = jax.tree.map(lambda g: -g / lipschitz_L, grad)
-        if attack is not None:
-            update = attack_delta(attack, mal, key, update, cid, m)
-        direction = jax.tree.map(lambda u: -lipschitz_L * u, update)  # Delta_k
-        fq = jnp.power(f_k, q)
-        sq = sum(jnp.sum(jnp.square(d)) for d in jax.tree.leaves(direction))
-        # q F^{q-1} written as 0 when q = 0 (no 0 * inf at F = 0).
-        slope = jnp.where(q == 0, 0.0, q * jnp.power(f_k, q - 1.0))
-        h_k = slope * sq + lipschitz_L * fq
-        scaled = jax.tree.map(lambda d: fq * d, direction)
-        metrics = {"loss": loss, "round_start_loss": f_k}
-        return ClientResult((), (scaled, h_k), jnp.float32(1.0), metrics)
-
     def build(num_clients):
         check_malicious(malicious, num_clients)
         m = resolve_cohort_size(cohort_size, cohort, num_clients)
-
-        def client_fn(w, client_state, cid, key, data):
-            return client_update(w, cid, key, data, m)
 
         def server_fn(w, updates, weights, mask, metrics, key):
             # Uploads arrive averaged over the cohort: mean/mean = sum/sum.
@@ -141,8 +148,8 @@ def qffl(
             new = jax.tree.map(jnp.subtract, w, step)
             return new, {"server/update_norm": optax.tree.norm(step), "server/h": h}
 
-        return federated_round(client_fn, server_fn, cohort_size=m, cohort=cohort,
-                               engine=engine,
+        return federated_round(functools.partial(kernel, cohort_size=m), server_fn,
+                               cohort_size=m, cohort=cohort,
                                linear_weights=lambda weights, mask: mask)
 
     def eval_models(state, data, key):

@@ -8,6 +8,7 @@ Decisions: docs/baselines-global.md.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -19,7 +20,7 @@ from fedjax_pfl.core import (
     Algorithm,
     AlgorithmState,
     ClientResult,
-    EngineConfig,
+    LocalConfig,
     ModelView,
     client_loss,
     federated_round,
@@ -49,6 +50,32 @@ class ScaffoldServerState(NamedTuple):
     agg_state: object
 
 
+def client_update(model: Model, cfg: LocalConfig, needs_losses: bool, attack, mal,
+                  server: ScaffoldServerState, c_k, cid, key, data, *,
+                  cohort_size: int) -> ClientResult:
+    """SCAFFOLD for ONE client (Algorithm 1, option II): ``K = cfg.num_steps``
+    SGD steps from ``x = server.params`` with the gradient shift ``c - c_k``
+    (stream ``key``), then ``c_k+ = c_k - c + (x - y) / (K eta)``. The client
+    state is ``c_k+``; the upload is ``(dy, dc) = (y - x, c_k+ - c_k)`` with
+    ``dy`` attacked if the client is flagged in ``mal``; the weight is ``n_k``.
+    ``needs_losses``: also report the round-start loss of ``x``."""
+    x, c = server.params, server.control
+    correction = jax.tree.map(jnp.subtract, c, c_k)  # the gradient shift
+    y, loss = run_local(model, x, data, cid, key, cfg,
+                        penalty=linear_penalty(correction))
+    dy = jax.tree.map(jnp.subtract, y, x)
+    scale = 1.0 / (cfg.num_steps * cfg.lr)
+    c_new = jax.tree.map(lambda ck, cc, d: (ck - cc) - scale * d, c_k, c, dy)
+    dc = jax.tree.map(jnp.subtract, c_new, c_k)
+    if attack is not None:
+        dy = attack_delta(attack, mal, key, dy, cid, cohort_size)
+    metrics = {"loss": loss}
+    if needs_losses:
+        metrics["round_start_loss"] = client_loss(model, x, data.train, cid)
+    n = data.train.counts[cid].astype(jnp.float32)
+    return ClientResult(c_new, (dy, dc), n, metrics)
+
+
 def scaffold(
     model: Model,
     *,
@@ -60,11 +87,9 @@ def scaffold(
     cohort: str = "uniform",
     sampling: str = "with_replacement",
     aggregator: Aggregator | None = None,
-    weighted: bool = False,
+    weighted: bool = True,
     attack=None,
     malicious=None,
-    engine: EngineConfig | None = None,
-    unroll: int | bool | None = None,
 ) -> Algorithm:
     """SCAFFOLD (Algorithm 1, option II).
 
@@ -76,7 +101,8 @@ def scaffold(
     (y - x, c_k+ - c_k)``. The server sets ``x <- x + eta_g agg(dy)`` and
     ``c <- c + |S|/N mean(dc)`` (``eta_g = global_lr``, ``N`` clients).
 
-    ``agg`` is ``aggregator`` (default: the paper's unweighted mean); ``dc``
+    ``agg`` is ``aggregator`` (default: the size-weighted mean; the paper's
+    is unweighted, ``weighted=False``); ``dc``
     is always averaged with equal weights, so ``c`` stays the mean of all
     ``c_k`` (an exact invariant under uniform sampling). Uploads are stacked
     (no in-loop averaging), so the round holds ``cohort x 2 x params`` floats.
@@ -87,20 +113,20 @@ def scaffold(
       client_lr, global_lr: local and server step sizes (may be traced).
       num_local_steps, batch_size, sampling: local SGD (``K`` steps).
       cohort_size, cohort: clients per round and how they are drawn.
-      aggregator, weighted: the rule applied to ``dy`` (default unweighted mean;
-        ``weighted=True``: weighted by training-set size).
+      aggregator, weighted: the rule applied to ``dy`` (default: weighted by
+        training-set size; ``weighted=False``: the paper's plain mean).
       attack, malicious: update attack and ``[num_clients]`` malicious mask.
-      engine, unroll: execution (see ``fedavg``).
 
     Raises:
       ValueError: non-positive ``global_lr``, or an invalid ``fedavg`` argument.
     """
-    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll)
+    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling)
     check_positive("global_lr", global_lr)
     check_cohort(cohort_size, cohort)
     mal = malicious_mask(attack, malicious)
     agg = aggregator or mean(weighted=weighted)
-    engine = engine or EngineConfig()
+    kernel = functools.partial(client_update, model, cfg, agg.needs_losses, attack,
+                               mal)
 
     def init(key, data):
         check_malicious(malicious, data.num_clients)
@@ -110,30 +136,10 @@ def scaffold(
         return AlgorithmState(server, tree_broadcast(zeros, data.num_clients),
                               jnp.zeros((), jnp.int32))
 
-    def client_update(server, c_k, cid, key, data, m):
-        x, c = server.params, server.control
-        correction = jax.tree.map(jnp.subtract, c, c_k)  # the gradient shift
-        y, loss = run_local(model, x, data, cid, key, cfg,
-                            penalty=linear_penalty(correction))
-        dy = jax.tree.map(jnp.subtract, y, x)
-        scale = 1.0 / (cfg.num_steps * cfg.lr)
-        c_new = jax.tree.map(lambda ck, cc, d: (ck - cc) - scale * d, c_k, c, dy)
-        dc = jax.tree.map(jnp.subtract, c_new, c_k)
-        if attack is not None:
-            dy = attack_delta(attack, mal, key, dy, cid, m)
-        metrics = {"loss": loss}
-        if agg.needs_losses:
-            metrics["round_start_loss"] = client_loss(model, x, data.train, cid)
-        n = data.train.counts[cid].astype(jnp.float32)
-        return ClientResult(c_new, (dy, dc), n, metrics)
-
     def build(num_clients):
         check_malicious(malicious, num_clients)
         m = resolve_cohort_size(cohort_size, cohort, num_clients)
         frac = m / num_clients
-
-        def client_fn(server, c_k, cid, key, data):
-            return client_update(server, c_k, cid, key, data, m)
 
         def server_fn(server, updates, weights, mask, metrics, key):
             dy, dc = updates
@@ -146,8 +152,8 @@ def scaffold(
                 "server/update_norm": optax.tree.norm(delta),
                 "server/control_norm": optax.tree.norm(control)}
 
-        return federated_round(client_fn, server_fn, cohort_size=m, cohort=cohort,
-                               engine=engine)
+        return federated_round(functools.partial(kernel, cohort_size=m), server_fn,
+                               cohort_size=m, cohort=cohort)
 
     def eval_models(state, data, key):
         return {"global": ModelView(model, state.server.params, False)}
