@@ -9,6 +9,7 @@ decisions: docs/baselines-personalization.md.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -19,10 +20,11 @@ from fedjax_pfl.aggregators import Aggregator
 from fedjax_pfl.core import (
     Algorithm,
     AlgorithmState,
-    EngineConfig,
+    ClientResult,
+    LocalConfig,
     ModelView,
-    federated_round,
     make_local_config,
+    resolve_unroll,
     tree_broadcast,
 )
 from fedjax_pfl.data import client_batch_indices, gather_batch
@@ -30,9 +32,8 @@ from fedjax_pfl.models import Model, batch_loss
 from fedjax_pfl.toolkit import (
     check_cohort,
     check_malicious,
-    deferred,
     global_solver,
-    resolve_cohort_size,
+    round_step,
 )
 from fedjax_pfl.validation import check_choice, check_nonnegative, check_number
 
@@ -50,6 +51,42 @@ def mix(alpha, v, w):
     return jax.tree.map(lambda a, b: alpha * a + (1.0 - alpha) * b, v, w)
 
 
+def client_update(model: Model, cfg: LocalConfig, adaptive_alpha: bool, alpha_lr,
+                  upload, server, state: APFLClientState, cid, key, data, *,
+                  cohort_size) -> ClientResult:
+    """APFL for ONE client (Deng et al., Algorithm 1): ``cfg.num_steps`` steps
+    from ``w_k = server.params`` and the client's ``(v_k, alpha_k)``, each on one
+    minibatch of the stream ``key`` (see :func:`apfl`); then FedAvg's
+    ``upload`` (``GlobalSolver.upload``: ``w_k - w^t``, attacked if malicious,
+    weight ``n_k``). The new ``(v_k, alpha_k)`` is the client's state."""
+    w = server.params
+    rows, mask = client_batch_indices(data.train, cid, key, num_steps=cfg.num_steps,
+                                      batch_size=cfg.batch_size, sampling=cfg.sampling)
+
+    def step(carry, inputs):
+        w_k, v, a = carry
+        b = gather_batch(data.train, *inputs)
+        loss_fn = lambda p: batch_loss(model, p, b.x, b.y, b.mask)
+        loss, gw = jax.value_and_grad(loss_fn)(w_k)
+        vbar = mix(a, v, w_k)
+        ploss, gbar = jax.value_and_grad(loss_fn)(vbar)
+        new_w = jax.tree.map(lambda p, g: p - cfg.lr * g, w_k, gw)
+        new_v = jax.tree.map(lambda p, g: p - cfg.lr * a * g, v, gbar)
+        if adaptive_alpha:
+            dot = optax.tree.vdot(optax.tree.sub(v, w_k), gbar)
+            a = jnp.clip(a - alpha_lr * dot, 0.0, 1.0)
+        return (new_w, new_v, a), (loss, ploss)
+
+    (w_k, v, a), (losses, plosses) = jax.lax.scan(
+        step, (w, state.local, state.alpha), (rows, mask),
+        unroll=resolve_unroll(cfg.unroll, cfg.num_steps))
+    new_state = APFLClientState(v, a)
+    res = upload(w, w_k, cid, key, data, cohort_size, {
+        "loss": jnp.mean(losses), "personal_loss": jnp.mean(plosses),
+        "alpha": new_state.alpha})
+    return res._replace(client_state=new_state)
+
+
 def apfl(
     model: Model,
     *,
@@ -60,15 +97,13 @@ def apfl(
     num_local_steps: int = 10,
     batch_size: int = 32,
     cohort_size: int = 10,
-    cohort: str = "size_weighted",
+    cohort: str = "uniform",
     sampling: str = "with_replacement",
     aggregator: Aggregator | None = None,
-    weighted: bool = False,
+    weighted: bool = True,
     server_optimizer: optax.GradientTransformation | None = None,
     attack=None,
     malicious=None,
-    engine: EngineConfig | None = None,
-    unroll: int | bool | None = None,
 ) -> Algorithm:
     """APFL (Deng et al. 2020, Algorithm 1) with FedAvg as the global solver.
 
@@ -97,16 +132,15 @@ def apfl(
       alpha_lr: step size of the ``alpha`` update (default ``client_lr``).
       client_lr, num_local_steps, batch_size, sampling: local SGD.
       cohort_size, cohort, aggregator, weighted, server_optimizer: the FedAvg
-        global solver (defaults as in the Ditto code: size-weighted sampling and
-        an unweighted mean).
+        global solver (the Ditto code draws clients by size and takes the
+        unweighted mean: ``cohort='size_weighted', weighted=False``).
       attack, malicious: update attack on the global upload and the
         ``[num_clients]`` malicious mask.
-      engine, unroll: execution.
 
     Raises:
       ValueError: for invalid arguments (the message names the argument).
     """
-    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll)
+    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling)
     check_cohort(cohort_size, cohort)
     check_number("alpha", alpha, lo=0.0, hi=1.0)
     check_choice("adaptive_alpha", adaptive_alpha, (True, False))
@@ -114,7 +148,6 @@ def apfl(
         raise ValueError(f"alpha: must be a scalar, got shape {jnp.shape(alpha)}")
     alpha_lr = client_lr if alpha_lr is None else alpha_lr
     check_nonnegative("alpha_lr", alpha_lr)
-    engine = engine or EngineConfig()
     solver = global_solver(model, cfg, aggregator=aggregator, weighted=weighted,
                            server_optimizer=server_optimizer,
                            attack=attack, malicious=malicious)
@@ -127,43 +160,11 @@ def apfl(
                                   jnp.full((n,), alpha, jnp.float32))
         return AlgorithmState(server, clients, jnp.zeros((), jnp.int32))
 
-    def local_steps(w, state: APFLClientState, cid, key, data):
-        rows, mask = client_batch_indices(data.train, cid, key, num_steps=cfg.num_steps,
-                                          batch_size=cfg.batch_size,
-                                          sampling=cfg.sampling)
-
-        def step(carry, inputs):
-            w_k, v, a = carry
-            b = gather_batch(data.train, *inputs)
-            loss_fn = lambda p: batch_loss(model, p, b.x, b.y, b.mask)
-            loss, gw = jax.value_and_grad(loss_fn)(w_k)
-            vbar = mix(a, v, w_k)
-            ploss, gbar = jax.value_and_grad(loss_fn)(vbar)
-            new_w = jax.tree.map(lambda p, g: p - cfg.lr * g, w_k, gw)
-            new_v = jax.tree.map(lambda p, g: p - cfg.lr * a * g, v, gbar)
-            if adaptive_alpha:
-                dot = optax.tree.vdot(optax.tree.sub(v, w_k), gbar)
-                a = jnp.clip(a - alpha_lr * dot, 0.0, 1.0)
-            return (new_w, new_v, a), (loss, ploss)
-
-        (w_k, v, a), (losses, plosses) = jax.lax.scan(
-            step, (w, state.local, state.alpha), (rows, mask), unroll=cfg.unroll)
-        return w_k, APFLClientState(v, a), jnp.mean(losses), jnp.mean(plosses)
-
-    def build(num_clients):
-        check_malicious(malicious, num_clients)
-        m = resolve_cohort_size(cohort_size, cohort, num_clients)
-
-        def client_fn(server, client_state, cid, key, data):
-            w = server.params
-            w_k, new_state, loss, ploss = local_steps(w, client_state, cid, key, data)
-            res = solver.upload(w, w_k, cid, key, data, m, {
-                "loss": loss, "personal_loss": ploss, "alpha": new_state.alpha})
-            return res._replace(client_state=new_state)
-
-        return federated_round(client_fn, solver.server_fn, cohort_size=m,
-                               cohort=cohort, engine=engine,
-                               linear_weights=solver.aggregator.linear_weights)
+    step = round_step(
+        functools.partial(client_update, model, cfg, adaptive_alpha, alpha_lr,
+                          solver.upload),
+        solver.server_fn, cohort_size=cohort_size, cohort=cohort, malicious=malicious,
+        linear_weights=solver.aggregator.linear_weights, pass_cohort_size=True)
 
     def eval_models(state, data, key):
         w = state.server.params
@@ -172,4 +173,4 @@ def apfl(
         return {"global": ModelView(model, w, False),
                 "personal": ModelView(model, personal, True)}
 
-    return Algorithm(init, deferred(build), eval_models)
+    return Algorithm(init, step, eval_models)

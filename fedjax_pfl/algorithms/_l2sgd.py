@@ -8,6 +8,7 @@ Paper: Li et al., ICML 2021; decisions: docs/baselines-personalization.md.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -18,7 +19,7 @@ from fedjax_pfl.core import (
     Algorithm,
     AlgorithmState,
     ClientResult,
-    EngineConfig,
+    LocalConfig,
     ModelView,
     federated_round,
     make_local_config,
@@ -47,6 +48,26 @@ class L2SGDServerState(NamedTuple):
     agg_state: object
 
 
+def client_update(model: Model, cfg: LocalConfig, lam, mean_update: str, attack, mal,
+                  server: L2SGDServerState, w_k, cid, key, data, *,
+                  cohort_size) -> ClientResult:
+    """L2SGD for ONE client: local SGD (stream ``key``) on ``F_k(w) + lam/2 ||w -
+    wbar||^2`` from its ``w_k``, ``wbar = server.mean`` fixed; the new ``w_k``
+    is the client's state. Uploads ``w_k^new - w_k`` (``mean_update='exact'``)
+    or ``w_k^new - wbar`` (``'code'``), attacked (stream ``fold_in(key,
+    KeyTag.ATTACK)``) if the client is flagged in ``mal``; the weight is ``n_k``. The
+    server's step, ``wbar + (m / N) aggregate(uploads)``, couples the cohort."""
+    wbar = server.mean
+    new, loss = run_local(model, w_k, data, cid, key, cfg,
+                          penalty=prox_penalty(lam, wbar))
+    ref = w_k if mean_update == "exact" else wbar
+    delta = jax.tree.map(jnp.subtract, new, ref)
+    if attack is not None:
+        delta = attack_delta(attack, mal, key, delta, cid, cohort_size)
+    return ClientResult(new, delta, data.train.counts[cid].astype(jnp.float32),
+                        {"loss": loss})
+
+
 def l2sgd(
     model: Model,
     *,
@@ -57,13 +78,11 @@ def l2sgd(
     local_epochs: float | None = None,
     batch_size: int = 32,
     cohort_size: int = 10,
-    cohort: str = "size_weighted",
+    cohort: str = "uniform",
     sampling: str = "with_replacement",
     aggregator: Aggregator | None = None,
     attack=None,
     malicious=None,
-    engine: EngineConfig | None = None,
-    unroll: int | bool | None = None,
 ) -> Algorithm:
     """L2SGD as the Ditto paper runs it (App. C.2): persistent personal models.
 
@@ -91,12 +110,11 @@ def l2sgd(
       aggregator: combines the uploads (default: unweighted mean); a robust rule
         makes ``wbar`` a robust estimate instead of the exact mean.
       attack, malicious: update attack on the uploads, ``[num_clients]`` mask.
-      engine, unroll: execution.
 
     Raises:
       ValueError: for invalid arguments (the message names the argument).
     """
-    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll,
+    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling,
                        local_epochs)
     check_cohort(cohort_size, cohort)
     check_nonnegative("lam", lam)
@@ -104,7 +122,6 @@ def l2sgd(
         raise ValueError(f"lam: must be a scalar, got shape {jnp.shape(lam)}")
     check_choice("mean_update", mean_update, MEAN_MODES)
     mal = malicious_mask(attack, malicious)
-    engine = engine or EngineConfig()
     aggregator = aggregator or mean(weighted=False)
     if aggregator.needs_losses:
         raise ValueError("aggregator: L2SGD has no global model to compute the "
@@ -121,16 +138,8 @@ def l2sgd(
         check_malicious(malicious, num_clients)
         m = resolve_cohort_size(cohort_size, cohort, num_clients)
 
-        def client_fn(server, w_k, cid, key, data):
-            wbar = server.mean
-            new, loss = run_local(model, w_k, data, cid, key, cfg,
-                                  penalty=prox_penalty(lam, wbar))
-            ref = w_k if mean_update == "exact" else wbar
-            delta = jax.tree.map(jnp.subtract, new, ref)
-            if attack is not None:
-                delta = attack_delta(attack, mal, key, delta, cid, m)
-            return ClientResult(new, delta, data.train.counts[cid].astype(jnp.float32),
-                                {"loss": loss})
+        client_fn = functools.partial(client_update, model, cfg, lam, mean_update,
+                                      attack, mal, cohort_size=m)
 
         def server_fn(server, updates, weights, mask, metrics, key):
             delta, agg_state = aggregator.aggregate(server.agg_state, updates, weights,
@@ -140,7 +149,7 @@ def l2sgd(
             return L2SGDServerState(wbar, agg_state), {}
 
         return federated_round(client_fn, server_fn, cohort_size=m, cohort=cohort,
-                               engine=engine, linear_weights=aggregator.linear_weights)
+                               linear_weights=aggregator.linear_weights)
 
     def eval_models(state, data, key):
         return {"global": ModelView(model, state.server.mean, False),

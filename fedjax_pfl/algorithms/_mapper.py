@@ -9,6 +9,7 @@ Paper: Li et al., ICML 2021; decisions: docs/baselines-personalization.md.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -19,12 +20,11 @@ from fedjax_pfl.aggregators import Aggregator
 from fedjax_pfl.core import (
     Algorithm,
     AlgorithmState,
-    EngineConfig,
+    ClientResult,
     KeyTag,
+    LocalConfig,
     ModelView,
     client_loss,
-    federated_round,
-    lift,
     make_local_config,
     run_local,
     tree_broadcast,
@@ -33,9 +33,9 @@ from fedjax_pfl.models import Model
 from fedjax_pfl.toolkit import (
     check_cohort,
     check_malicious,
-    deferred,
     global_solver,
-    resolve_cohort_size,
+    lift_clients,
+    round_step,
 )
 
 from ._apfl import mix
@@ -58,6 +58,44 @@ def reparam(model: Model, fn) -> Model:
                           regularizer=None if reg is None else (lambda p: reg(fn(p))))
 
 
+def personal_update(model: Model, cfg: LocalConfig, grid, h, w, cid, key, data):
+    """Steps 1-2 of :func:`mapper` for ONE client: for every ``lam`` of ``grid``
+    (lifted by the engine's strategy, same stream ``key`` for every candidate),
+    ``cfg.num_steps + 1`` SGD steps on ``h`` of ``lam h + (1 - lam) w``, from
+    the client's ``h``; returns the candidate whose interpolation has the lowest
+    full training loss: ``(h_k, lam_k, its mean local loss)``."""
+    hcfg = cfg._replace(num_steps=cfg.num_steps + 1)
+
+    def candidate(lam):
+        interp = lambda p: mix(lam, p, w)
+        h_c, loss = run_local(reparam(model, interp), h, data, cid, key, hcfg)
+        return h_c, loss, client_loss(model, interp(h_c), data.train, cid)
+
+    cands = jnp.asarray(grid, jnp.float32)
+    hs, losses, scores = lift_clients(candidate)(cands)
+    i = jnp.argmin(jnp.where(jnp.isnan(scores), jnp.inf, scores))
+    return jax.tree.map(lambda a: a[i], hs), cands[i], losses[i]
+
+
+def client_update(model: Model, cfg: LocalConfig, grid, upload, server,
+                  state: MapperClientState, cid, key, data, *,
+                  cohort_size) -> ClientResult:
+    """Mapper for ONE client: :func:`personal_update` (stream ``key``), then one
+    SGD step on ``w`` of ``lam_k h_k + (1 - lam_k) w`` from ``w^t =
+    server.params`` (stream ``fold_in(key, KeyTag.MAPPER_GLOBAL)``) and FedAvg's
+    ``upload`` (``GlobalSolver.upload``: ``w_k - w^t``, attacked if malicious,
+    weight ``n_k``). The new ``(h_k, lam_k)`` is the client's state."""
+    w = server.params
+    h, lam, ploss = personal_update(model, cfg, grid, state.local, w, cid, key, data)
+    gkey = jax.random.fold_in(key, KeyTag.MAPPER_GLOBAL)
+    gcfg = cfg._replace(num_steps=1, unroll=1)
+    w_k, loss = run_local(reparam(model, lambda p: mix(lam, h, p)), w, data, cid,
+                          gkey, gcfg)
+    res = upload(w, w_k, cid, key, data, cohort_size, {
+        "loss": loss, "personal_loss": ploss, "lam": lam})
+    return res._replace(client_state=MapperClientState(h, lam))
+
+
 def mapper(
     model: Model,
     *,
@@ -66,18 +104,16 @@ def mapper(
     num_local_steps: int = 10,
     batch_size: int = 32,
     cohort_size: int = 10,
-    cohort: str = "size_weighted",
+    cohort: str = "uniform",
     sampling: str = "with_replacement",
     aggregator: Aggregator | None = None,
-    weighted: bool = False,
+    weighted: bool = True,
     server_optimizer: optax.GradientTransformation | None = None,
     attack=None,
     malicious=None,
     finetune_steps: int = 50,
     finetune_epochs: float | None = None,
     finetune_lr: float | jax.Array | None = None,
-    engine: EngineConfig | None = None,
-    unroll: int | bool | None = None,
 ) -> Algorithm:
     """Model interpolation ``lam_k h_k + (1 - lam_k) w`` as in the Ditto code.
 
@@ -105,18 +141,14 @@ def mapper(
       cohort_size, cohort, aggregator, weighted, server_optimizer: FedAvg.
       attack, malicious: update attack and ``[num_clients]`` malicious mask.
       finetune_steps, finetune_epochs, finetune_lr: the finetuned evaluation.
-      engine, unroll: execution.
 
     Raises:
       ValueError: for invalid arguments (the message names the argument).
     """
-    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll)
+    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling)
     check_cohort(cohort_size, cohort)
     grid = check_grid("lam_grid", lam_grid, hi=1.0)
     ft = finetune_local_config(cfg, finetune_steps, finetune_epochs, finetune_lr)
-    hcfg = cfg._replace(num_steps=cfg.num_steps + 1)
-    gcfg = cfg._replace(num_steps=1, unroll=1)
-    engine = engine or EngineConfig()
     solver = global_solver(model, cfg, aggregator=aggregator, weighted=weighted,
                            server_optimizer=server_optimizer,
                            attack=attack, malicious=malicious)
@@ -129,44 +161,19 @@ def mapper(
                                     jnp.zeros((n,), jnp.float32))
         return AlgorithmState(server, clients, jnp.zeros((), jnp.int32))
 
-    def personal_update(h, w, cid, key, data):
-        def candidate(lam):
-            interp = lambda p: mix(lam, p, w)
-            h_c, loss = run_local(reparam(model, interp), h, data, cid, key, hcfg)
-            return h_c, loss, client_loss(model, interp(h_c), data.train, cid)
-
-        cands = jnp.asarray(grid, jnp.float32)
-        hs, losses, scores = lift(candidate, engine.strategy,
-                                  engine.map_batch_size)(cands)
-        i = jnp.argmin(jnp.where(jnp.isnan(scores), jnp.inf, scores))
-        return jax.tree.map(lambda a: a[i], hs), cands[i], losses[i]
-
-    def build(num_clients):
-        check_malicious(malicious, num_clients)
-        m = resolve_cohort_size(cohort_size, cohort, num_clients)
-
-        def client_fn(server, state, cid, key, data):
-            w = server.params
-            h, lam, ploss = personal_update(state.local, w, cid, key, data)
-            gkey = jax.random.fold_in(key, KeyTag.MAPPER_GLOBAL)
-            w_k, loss = run_local(reparam(model, lambda p: mix(lam, h, p)), w, data,
-                                  cid, gkey, gcfg)
-            res = solver.upload(w, w_k, cid, key, data, m, {
-                "loss": loss, "personal_loss": ploss, "lam": lam})
-            return res._replace(client_state=MapperClientState(h, lam))
-
-        return federated_round(client_fn, solver.server_fn, cohort_size=m,
-                               cohort=cohort, engine=engine,
-                               linear_weights=solver.aggregator.linear_weights)
+    step = round_step(
+        functools.partial(client_update, model, cfg, grid, solver.upload),
+        solver.server_fn, cohort_size=cohort_size, cohort=cohort, malicious=malicious,
+        linear_weights=solver.aggregator.linear_weights, pass_cohort_size=True)
 
     def eval_models(state, data, key):
         w = state.server.params
         interp = jax.vmap(lambda h, lam: mix(lam, h, w))(state.clients.local,
                                                          state.clients.lam)
-        tuned = finetune_clients(model, interp, data, key, ft, engine,
+        tuned = finetune_clients(model, interp, data, key, ft,
                                  per_client_start=True)
         return {"global": ModelView(model, w, False),
                 "interpolated": ModelView(model, interp, True),
                 "personal": ModelView(model, tuned, True)}
 
-    return Algorithm(init, deferred(build), eval_models)
+    return Algorithm(init, step, eval_models)

@@ -15,6 +15,7 @@ ICML 2021; decisions: docs/baselines-personalization.md.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -25,7 +26,7 @@ from fedjax_pfl.core import (
     Algorithm,
     AlgorithmState,
     ClientResult,
-    EngineConfig,
+    LocalConfig,
     ModelView,
     federated_round,
     make_local_config,
@@ -89,6 +90,39 @@ def omega_of(sigma, regularizer, eps):
     return psd_power(sigma, -1.0, eps) if regularizer == "inverse" else sigma
 
 
+def client_update(model: Model, cfg: LocalConfig, lam1, lam2, attack, mal,
+                  server: MochaServerState, client_state, cid, key, data, *,
+                  cohort_size) -> ClientResult:
+    """MOCHA's W step for ONE client: local SGD (stream ``key``) from its
+    column ``w_k = server.W[cid]`` on its block ``F_k(w) + lam1 (Omega_kk
+    ||w||^2 + 2 <w, sum_{l != k} Omega_kl w_l>) + lam2 ||w||^2``, the other
+    columns at their round-start values (the kernel reads the whole server
+    state). The new ``w_k`` (its change attacked if the client is flagged in
+    ``mal``) is uploaded as ``(one_hot(cid), one_hot(cid) x w_k)``, leaves of
+    shape ``[N, ...]`` that the server sums and writes into ``W``; the weight
+    is 1; clients keep no state."""
+    num_clients = data.num_clients
+    w_k = jax.tree.map(lambda a: a[cid], server.W)
+    row = server.omega[cid]
+    others = row * (jnp.arange(num_clients) != cid)
+    coupling = jax.tree.map(lambda a: jnp.tensordot(others, a, axes=1), server.W)
+
+    def penalty(p):
+        sq = sum(jnp.sum(jnp.square(a)) for a in jax.tree.leaves(p))
+        cross = optax.tree.vdot(p, coupling)
+        return lam1 * (row[cid] * sq + 2.0 * cross) + lam2 * sq
+
+    new, loss = run_local(model, w_k, data, cid, key, cfg, penalty=penalty)
+    if attack is not None:
+        delta = jax.tree.map(jnp.subtract, new, w_k)
+        delta = attack_delta(attack, mal, key, delta, cid, cohort_size)
+        new = jax.tree.map(jnp.add, w_k, delta)
+    onehot = jax.nn.one_hot(cid, num_clients, dtype=jnp.float32)
+    upload = (onehot, jax.tree.map(
+        lambda a: onehot.reshape(-1, *([1] * a.ndim)).astype(a.dtype) * a[None], new))
+    return ClientResult((), upload, jnp.float32(1.0), {"loss": loss})
+
+
 def mocha(
     model: Model,
     *,
@@ -97,16 +131,14 @@ def mocha(
     regularizer: str = "inverse",
     omega_every: int = 1,
     eps: float = 1e-6,
-    client_lr: float | jax.Array = 0.01,
-    num_local_steps: int = 1,
+    client_lr: float | jax.Array = 0.1,
+    num_local_steps: int = 10,
     batch_size: int = 32,
     cohort_size: int = 10,
     cohort: str = "uniform",
     sampling: str = "with_replacement",
     attack=None,
     malicious=None,
-    engine: EngineConfig | None = None,
-    unroll: int | bool | None = None,
 ) -> Algorithm:
     """Federated multi-task learning of ``W`` and a task relationship ``Omega``.
 
@@ -136,12 +168,11 @@ def mocha(
       client_lr, num_local_steps, batch_size, sampling: local SGD.
       cohort_size, cohort: clients per round.
       attack, malicious: update attack and ``[num_clients]`` malicious mask.
-      engine, unroll: execution.
 
     Raises:
       ValueError: for invalid arguments (the message names the argument).
     """
-    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll)
+    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling)
     check_cohort(cohort_size, cohort)
     check_nonnegative("lam1", lam1)
     check_nonnegative("lam2", lam2)
@@ -149,7 +180,6 @@ def mocha(
     check_choice("regularizer", regularizer, REGULARIZERS)
     check_int("omega_every", omega_every, lo=1)
     mal = malicious_mask(attack, malicious)
-    engine = engine or EngineConfig()
 
     def init(key, data):
         check_malicious(malicious, data.num_clients)
@@ -164,28 +194,8 @@ def mocha(
         check_malicious(malicious, num_clients)
         m = resolve_cohort_size(cohort_size, cohort, num_clients)
 
-        def client_fn(server, client_state, cid, key, data):
-            w_k = jax.tree.map(lambda a: a[cid], server.W)
-            row = server.omega[cid]
-            others = row * (jnp.arange(num_clients) != cid)
-            coupling = jax.tree.map(lambda a: jnp.tensordot(others, a, axes=1),
-                                    server.W)
-
-            def penalty(p):
-                sq = sum(jnp.sum(jnp.square(a)) for a in jax.tree.leaves(p))
-                cross = optax.tree.vdot(p, coupling)
-                return lam1 * (row[cid] * sq + 2.0 * cross) + lam2 * sq
-
-            new, loss = run_local(model, w_k, data, cid, key, cfg, penalty=penalty)
-            if attack is not None:
-                delta = jax.tree.map(jnp.subtract, new, w_k)
-                delta = attack_delta(attack, mal, key, delta, cid, m)
-                new = jax.tree.map(jnp.add, w_k, delta)
-            onehot = jax.nn.one_hot(cid, num_clients, dtype=jnp.float32)
-            upload = (onehot, jax.tree.map(
-                lambda a: onehot.reshape(-1, *([1] * a.ndim)).astype(a.dtype) * a[None],
-                new))
-            return ClientResult((), upload, jnp.float32(1.0), {"loss": loss})
+        client_fn = functools.partial(client_update, model, cfg, lam1, lam2, attack,
+                                      mal, cohort_size=m)
 
         def server_fn(server, updates, weights, mask, metrics, key):
             sel, cols = jax.tree.map(lambda a: jnp.sum(a, axis=0), updates)
@@ -198,8 +208,7 @@ def mocha(
             omega = jnp.where(due, omega_of(sigma, regularizer, eps), server.omega)
             return MochaServerState(W, sigma, omega, rounds), {}
 
-        return federated_round(client_fn, server_fn, cohort_size=m, cohort=cohort,
-                               engine=engine)
+        return federated_round(client_fn, server_fn, cohort_size=m, cohort=cohort)
 
     def eval_models(state, data, key):
         return {"personal": ModelView(model, state.server.W, True)}

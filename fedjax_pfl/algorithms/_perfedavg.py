@@ -10,6 +10,8 @@ docs/baselines-personalization.md.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -18,19 +20,19 @@ from fedjax_pfl.aggregators import Aggregator
 from fedjax_pfl.core import (
     Algorithm,
     AlgorithmState,
-    EngineConfig,
+    ClientResult,
+    LocalConfig,
     ModelView,
-    federated_round,
     make_local_config,
+    resolve_unroll,
 )
 from fedjax_pfl.data import client_batch_indices, gather_batch
 from fedjax_pfl.models import Model, batch_loss
 from fedjax_pfl.toolkit import (
     check_cohort,
     check_malicious,
-    deferred,
     global_solver,
-    resolve_cohort_size,
+    round_step,
 )
 from fedjax_pfl.validation import check_choice, check_nonnegative, check_positive
 
@@ -72,6 +74,32 @@ def per_fedavg_step(model, w, batches, *, alpha, beta, delta, hessian):
     return new, loss
 
 
+def client_update(model: Model, cfg: LocalConfig, alpha, delta, hessian: str, upload,
+                  server, client_state, cid, key, data, *,
+                  cohort_size) -> ClientResult:
+    """Per-FedAvg for ONE client: ``cfg.num_steps`` :func:`per_fedavg_step` steps
+    (``beta = cfg.lr``) from ``w^t = server.params``, the three minibatch
+    streams ``D, D', D''`` drawn from ``fold_in(key, 0 | 1 | 2)``; then FedAvg's
+    ``upload`` (``GlobalSolver.upload``: ``w_k - w^t``, attacked if malicious,
+    weight ``n_k``). Clients keep no state (``client_state`` is ``()``)."""
+    w = server.params
+    streams = [client_batch_indices(
+        data.train, cid, jax.random.fold_in(key, i), num_steps=cfg.num_steps,
+        batch_size=cfg.batch_size, sampling=cfg.sampling) for i in range(3)]
+    rows = jnp.stack([r for r, _ in streams], 1)  # [steps, 3, B]
+    masks = jnp.stack([m for _, m in streams], 1)
+
+    def step(p, inputs):
+        r, m = inputs
+        batches = [gather_batch(data.train, r[i], m[i]) for i in range(3)]
+        return per_fedavg_step(model, p, batches, alpha=alpha, beta=cfg.lr,
+                               delta=delta, hessian=hessian)
+
+    w_k, losses = jax.lax.scan(step, w, (rows, masks),
+                               unroll=resolve_unroll(cfg.unroll, cfg.num_steps))
+    return upload(w, w_k, cid, key, data, cohort_size, {"loss": jnp.mean(losses)})
+
+
 def per_fedavg(
     model: Model,
     *,
@@ -82,18 +110,16 @@ def per_fedavg(
     num_local_steps: int = 10,
     batch_size: int = 32,
     cohort_size: int = 10,
-    cohort: str = "size_weighted",
+    cohort: str = "uniform",
     sampling: str = "with_replacement",
     aggregator: Aggregator | None = None,
-    weighted: bool = False,
+    weighted: bool = True,
     server_optimizer: optax.GradientTransformation | None = None,
     attack=None,
     malicious=None,
     finetune_steps: int = 50,
     finetune_epochs: float | None = None,
     finetune_lr: float | jax.Array | None = None,
-    engine: EngineConfig | None = None,
-    unroll: int | bool | None = None,
 ) -> Algorithm:
     """Per-FedAvg (HF): FedAvg whose local steps are MAML steps.
 
@@ -119,7 +145,6 @@ def per_fedavg(
       cohort_size, cohort, aggregator, weighted, server_optimizer: FedAvg.
       attack, malicious: update attack and ``[num_clients]`` malicious mask.
       finetune_steps, finetune_epochs, finetune_lr: the finetuned evaluation.
-      engine, unroll: execution.
 
     Raises:
       ValueError: for invalid arguments (the message names the argument).
@@ -127,57 +152,32 @@ def per_fedavg(
     check_nonnegative("alpha", alpha)
     check_positive("beta", beta)
     check_positive("delta", delta)
-    cfg = make_local_config(beta, num_local_steps, batch_size, sampling, unroll)
+    cfg = make_local_config(beta, num_local_steps, batch_size, sampling)
     check_cohort(cohort_size, cohort)
     check_choice("hessian", hessian, HESSIANS)
     ft = finetune_local_config(cfg._replace(lr=alpha), finetune_steps,
                                finetune_epochs, finetune_lr)
-    engine = engine or EngineConfig()
     solver = global_solver(model, cfg, aggregator=aggregator, weighted=weighted,
                            server_optimizer=server_optimizer,
                            attack=attack, malicious=malicious)
-
-    def local(w, cid, key, data):
-        streams = [client_batch_indices(
-            data.train, cid, jax.random.fold_in(key, i), num_steps=cfg.num_steps,
-            batch_size=cfg.batch_size, sampling=cfg.sampling) for i in range(3)]
-        rows = jnp.stack([r for r, _ in streams], 1)  # [steps, 3, B]
-        masks = jnp.stack([m for _, m in streams], 1)
-
-        def step(p, inputs):
-            r, m = inputs
-            batches = [gather_batch(data.train, r[i], m[i]) for i in range(3)]
-            return per_fedavg_step(model, p, batches, alpha=alpha, beta=beta,
-                                   delta=delta, hessian=hessian)
-
-        w_k, losses = jax.lax.scan(step, w, (rows, masks), unroll=cfg.unroll)
-        return w_k, jnp.mean(losses)
 
     def init(key, data):
         check_malicious(malicious, data.num_clients)
         return AlgorithmState(solver.init(key), (), jnp.zeros((), jnp.int32))
 
-    def build(num_clients):
-        check_malicious(malicious, num_clients)
-        m = resolve_cohort_size(cohort_size, cohort, num_clients)
-
-        def client_fn(server, client_state, cid, key, data):
-            w = server.params
-            w_k, loss = local(w, cid, key, data)
-            return solver.upload(w, w_k, cid, key, data, m, {"loss": loss})
-
-        return federated_round(client_fn, solver.server_fn, cohort_size=m,
-                               cohort=cohort, engine=engine,
-                               linear_weights=solver.aggregator.linear_weights)
+    step = round_step(
+        functools.partial(client_update, model, cfg, alpha, delta, hessian,
+                          solver.upload),
+        solver.server_fn, cohort_size=cohort_size, cohort=cohort, malicious=malicious,
+        linear_weights=solver.aggregator.linear_weights, pass_cohort_size=True)
 
     def eval_models(state, data, key):
         w = state.server.params
         one = finetune_clients(model, w, data, key, ft._replace(
-            lr=alpha, num_steps=1, epochs=None, sampling="full_batch", unroll=1),
-            engine)
+            lr=alpha, num_steps=1, epochs=None, sampling="full_batch", unroll=1))
         return {"global": ModelView(model, w, False),
                 "personal": ModelView(model, finetune_clients(
-                    model, w, data, key, ft, engine), True),
+                    model, w, data, key, ft), True),
                 "one_step": ModelView(model, one, True)}
 
-    return Algorithm(init, deferred(build), eval_models)
+    return Algorithm(init, step, eval_models)
