@@ -8,9 +8,10 @@ parties a round, E_k = 20 local iterations, T = 500 rounds, batch 20 / 10,
 eta 0.02 / 1e-4, sigma 15 / 1, delta 0.1, lambda = 0, unweighted aggregation.
 
 Methods: FedAvg+, FedGeoMed+, FedCoMed+ (evaluated with the personal models
-w_k, spec §10.11) and the baselines this package has: FedAvg and FedProx (Fed+
-with Psi = ind0, lambda = 1, sigma as Fed+'s) and RFA (Fed+ with sigma = 0,
-lambda = 1, Psi = l2 with delta = 1e-6: the smoothed Weiszfeld geometric median),
+w_k; the paper does not say which model it evaluates) and the baselines this
+package has: FedAvg and FedProx (Fed+ with Psi = ind0, lambda = 1, sigma as
+Fed+'s) and RFA (Fed+ with sigma = 0, lambda = 1, Psi = l2 with delta = 1e-6:
+the smoothed Weiszfeld geometric median),
 evaluated with the global model; local training (personal models). The paper's
 baselines (Scaffold, pFedMe, perFedAvg, APFL) are not implemented here; their
 numbers are shown as published. Metrics at the final round on the test split:
@@ -52,7 +53,7 @@ NAMES = {"fedavg_plus": "FedAvg+", "fedgeomed_plus": "FedGeoMed+",
 VIEW = {"fedavg_plus": "personal", "fedgeomed_plus": "personal",
         "fedcomed_plus": "personal", "fedavg": "global", "fedprox": "global",
         "rfa": "global", "local": "personal"}
-# Table 2 of the paper, verbatim (spec §7.2): Scaffold, pFedMe, perFedAvg, APFL,
+# Table 2 of the paper (Kundu et al.), verbatim: Scaffold, pFedMe, perFedAvg, APFL,
 # FedAvg+, FedGeoMed+, FedCoMed+.
 PAPER_COLS = ("Scaffold", "pFedMe", "perFedAvg", "APFL", "FedAvg+", "FedGeoMed+",
               "FedCoMed+")
@@ -126,7 +127,8 @@ def diagnose(state, fed, model) -> dict:
     """Per party at the end: ``||w_k - w~||`` and the norm of the full-batch
     training-loss gradient at ``w_k``. At a Fed+ fixed point
     ``grad f_k(w_k) = -sigma grad Psi^(w_k - w~)``, whose norm is at most
-    ``sigma delta`` for GeoMed+ (spec §1.8): the personal models can only move
+    ``sigma delta`` for GeoMed+ (whose ``Psi^`` is the Huber penalty
+    ``sigma h_delta(||.||)``): the personal models can only move
     away from w~ where the local gradient is that large."""
     from fedjax_pfl.core._local import client_loss
 

@@ -20,12 +20,15 @@
 #   GPU_SUITE_WHEELS=DIR    wheels to install missing modules from (default .whl)
 #   GPU_SUITE_WRITE_DOCS=0|1  copy the report into docs/results/ (default: only
 #                           when jax's backend was gpu and not --smoke)
-#   FEDJAX_PFL_DATA_DIR     data for w1 and ditto_fmnist (else .data/, shared/data/
-#                           or ../shared/data/ if one has fashion_mnist/); those two
-#                           steps are skipped with a message when there is none
+#   FEDJAX_PFL_DATA_DIR     the data folder, laid out as docs/datasets.md describes;
+#                           required when w1 or ditto_fmnist is wanted (the suite
+#                           stops with a message when it is unset); each of those
+#                           two steps is skipped with a message when its files are
+#                           not there
 #   PYTHON                  interpreter (default: python, else python3)
 set -u
 
+CALLER_DIR=$PWD
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO" || exit 2
 SUITE_COMMAND="bash benchmarks/gpu_suite.sh $*"
@@ -59,20 +62,34 @@ export GPU_SUITE_COMMAND="$SUITE_COMMAND"
 WHEELS=${GPU_SUITE_WHEELS:-$REPO/.whl}
 if [ "$SMOKE" = 1 ]; then BUDGET=${GPU_SUITE_BUDGET:-900}; else BUDGET=${GPU_SUITE_BUDGET:-1380}; fi
 
+wanted() { case ",$STEPS," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
+
+# The data folder: only $FEDJAX_PFL_DATA_DIR, laid out as docs/datasets.md describes.
 DATA=${FEDJAX_PFL_DATA_DIR:-}
-if [ -z "$DATA" ]; then
-  for d in "$REPO/.data" "$REPO/shared/data" "$REPO/../shared/data"; do
-    if [ -d "$d/fashion_mnist" ]; then DATA=$(cd "$d" && pwd); break; fi
-  done
+if wanted w1 || wanted ditto_fmnist; then
+  if [ -z "$DATA" ]; then
+    {
+      echo "gpu_suite: FEDJAX_PFL_DATA_DIR is not set. Steps w1 and ditto_fmnist read"
+      echo "  fashion_mnist/ (and w1 pfllib_fmnist_dir01/) from it: point it at a data"
+      echo "  folder laid out as docs/datasets.md describes, e.g."
+      echo "    FEDJAX_PFL_DATA_DIR=/path/to/data bash benchmarks/gpu_suite.sh ..."
+      echo "  or leave both steps out with --steps (steps: $ALL)."
+    } >&2
+    exit 2
+  fi
+  case $DATA in /*) ;; *) DATA=$CALLER_DIR/$DATA ;; esac
+  if [ ! -d "$DATA" ]; then
+    echo "gpu_suite: FEDJAX_PFL_DATA_DIR=$DATA is not a directory" >&2
+    exit 2
+  fi
+  DATA=$(cd "$DATA" && pwd)
+  export FEDJAX_PFL_DATA_DIR="$DATA"
 fi
-[ -n "$DATA" ] && export FEDJAX_PFL_DATA_DIR="$DATA"
 
 START=$(date +%s)
 SUMMARY=()
 echo "gpu_suite: $SUITE_COMMAND"
 echo "gpu_suite: output $LOG; steps $STEPS; smoke=$SMOKE; budget ${BUDGET}s; data ${DATA:-none}"
-
-wanted() { case ",$STEPS," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 
 record() {  # name status rc seconds limit command
   printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$@" > "$LOG/$1.status"

@@ -1,13 +1,13 @@
 """LINDT's NFL setting (Lin et al., arXiv 2020, Table 3 CIFAR/NFL) at CPU scale.
 
-The harmful environment of the paper's Table 2 (the LINDT paper): non-IID
+The harmful environment of the paper's Table 2: non-IID
 (Mixed: 50 % / 30 % / 20 % of the clients hold 10 / 5 / 2 classes, log-normal
 sizes), 10 % of the clients per round, 20 % semantic-backdoor attackers (deer ->
 horse, dog -> frog, 3 poisoned samples per batch of 10 in expectation, 5 local
 epochs against 1), client-level DP (clip S = 15, Gaussian noise added once to
 the average, Eq. 4). Reduced: real CIFAR-10 downsampled to 16x16x3 with an MLP
-instead of the 940,362-parameter CNN (the CNN's rounds take 10-20 s on this CPU,
-spec §8), fewer rounds, the noise std scaled so that ||noise|| equals the
+instead of the 940,362-parameter CNN (a round of the CNN takes about 10-20 s on
+a 2-core CPU), fewer rounds, the noise std scaled so that ||noise|| equals the
 paper's 0.97 (sigma = 0.9697 / sqrt(d)), r' scaled with the number of rounds.
 
 Methods: FedAvg (``lindt(mode='off')``), FB (top-layer finetuning of that same
@@ -16,7 +16,8 @@ as in the paper's tables), LINDT with detection and recovery, and APFL and
 FedProx (``algorithms.apfl`` / ``fedprox``: same data, same DP through
 ``privacy.client_level_dp``; their attackers run as many steps as benign
 clients, see docs/lindt.md). beta = local accuracy - private-model accuracy,
-averaged over the benign clients (spec §7.4c), private models trained with
+averaged over the benign clients (the paper's tables are consistent with
+benign-only averages), private models trained with
 ``experiments.private_accuracy``. Reported: the mean over the last ``--tail``
 evaluations.
 
@@ -49,7 +50,7 @@ METHODS = ("fedavg", "fb", "tm", "apfl", "fedprox", "lindt", "lindt_tm",
 NAMES = {"fedavg": "FedAvg", "fb": "FB", "tm": "TrimmedMean", "apfl": "APFL",
          "fedprox": "FedProx", "lindt": "LINDT", "lindt_tm": "LINDT-TM",
          "lindt_detect": "LINDT (detect + recover)"}
-# Table 3, CIFAR / NFL columns (central, local, beta), verbatim (spec §6).
+# LINDT's Table 3, CIFAR / NFL columns (central, local, beta), verbatim.
 PAPER = {"fedavg": (55.63, 56.19, -17.83), "fedprox": (55.20, 55.92, -18.10),
          "tm": (55.67, 56.70, -17.32), "fb": (None, 81.17, 7.15),
          "apfl": (54.90, 80.61, 6.59), "lindt": (55.73, 81.61, 7.59),

@@ -106,13 +106,13 @@ plots.training_curves(dp_res, [["global/test/accuracy/mean"], ["privacy/epsilon"
 # %% [markdown]
 # ## FedFDP: fairness weights under the same guarantee
 #
-# FedFDP (spec defaults: all clients every round, C = 0.1, sigma = 2, lr = 1)
+# FedFDP (its defaults: all clients every round, C = 0.1, sigma = 2, lr = 1)
 # reweights every example by `1 + lam (loss - F_hat)`, so clients the model
 # serves badly pull harder; its epsilon composes the gradient steps with one
 # noisy loss release per round (`privacy.fedfdp_event`), whatever `lam` is.
 # `lam = 0` is DP-FedSGD with the same clipping and noise: the fair comparison.
 # `lam` may be traced, so the comparison is one `fp.sweep` program. (With the
-# spec's defaults on this synthetic problem the two runs end up nearly the same:
+# defaults on this synthetic problem the two runs end up nearly the same:
 # numbers of the full run in docs/plots.md.)
 
 # %%

@@ -21,17 +21,18 @@ scaling (``Psi`` proportional to ``sigma``) the aggregate depends only on ``delt
   mean, which is returned).
 
 The ``l1`` prox is the correct soft threshold, not the paper's printed eq. (19)
-(spec §10 item 4). The ``l2`` norm is over the whole model (all leaves).
+(``max(0, u - delta sign(u))``, wrong for negative entries). The ``l2`` norm is
+over the whole model (all leaves).
 
 Two solvers give the same aggregate where it is unique:
 
 * ``"paper"``: the paper's fixed point (25), ``w <- mean(u) - mean_k prox(u_k - w)``
   from the mean: gradient descent with step ``1/sigma`` on the envelope objective,
-  monotone, but it moves ``w`` by at most ``delta`` per iteration (thousands of
-  iterations: spec §3.5);
+  monotone, but it moves ``w`` by at most ``delta`` per iteration (it needs at
+  least ``||mean - A|| / delta`` iterations, often thousands);
 * ``"irls"``: smoothed Weiszfeld / IRLS with ``nu = delta``, ``w <- sum_k b_k u_k /
   sum_k b_k``, ``b_k = c_k / max(delta, ||u_k - w||)`` (coordinatewise for ``l1``):
-  the same fixed point in tens of iterations (spec §3.5).
+  the same fixed point in tens of iterations.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from ._mean import Aggregator, weighted_mean
 PyTree = Any
 
 PSI = ("sq", "l2", "l1", "ind0", "zero")
-"""The personalization penalties of Fed+ (spec §1.7)."""
+"""The personalization penalties ``Psi`` of Fed+ (Kundu et al., arXiv 2009.06303)."""
 LINEAR_PSI = ("sq", "ind0", "zero")
 """Penalties whose aggregate is exactly the (weighted) mean."""
 METHODS = ("irls", "paper")
@@ -187,8 +188,9 @@ def weiszfeld(updates: PyTree, coeffs: jax.Array, nu, *, num_iters: int,
     ``coordinatewise``, ``b_kj = c_k / max(nu, |u_kj - z_j|)`` per coordinate. It
     minimizes ``sum_k c_k h_nu(||u_k - z||) / nu`` (``h`` the Huber function): the
     geometric median as ``nu -> 0`` (RFA, Pillutla et al. 2019, with ``nu = 1e-6``)
-    and exactly Fed+'s FedGeoMed+/FedCoMed+ aggregate with ``nu = delta`` (spec
-    §3.5). Each iteration does not increase that objective (majorize-minimize).
+    and exactly Fed+'s FedGeoMed+/FedCoMed+ aggregate with ``nu = delta`` (the
+    fixed point of the paper's eqs. (16) and (22)). Each iteration does not
+    increase that objective (majorize-minimize).
 
     Args:
       updates: pytree with leaves ``[m, ...]``.
@@ -275,7 +277,7 @@ def moreau_solve(updates: PyTree, coeffs: jax.Array, psi: str = "l2", delta=0.1,
 def moreau_objective(updates: PyTree, coeffs: jax.Array, w: PyTree, psi: str = "l2",
                      delta=0.1) -> jax.Array:
     """``G(w) = sum_k c_k Psi_hat(u_k - w) / (sigma sum_k c_k)``: the objective
-    (in units of ``sigma``) the Moreau aggregate minimizes (spec §1.5, §1.7)."""
+    (in units of ``sigma``) the Moreau aggregate minimizes (Fed+'s eq. (7))."""
     check_choice("psi", psi, PSI)
     c = _coeffs(coeffs)
     diff = _zero_rows(jax.tree.map(lambda u, wl: u - wl[None], updates, w), c)
@@ -300,11 +302,12 @@ def _huber(r, delta):
 def moreau(psi: str = "l2", delta=0.1, *, method: str = "irls",
            num_iters: int | None = None, tol=1e-6,
            weighted: bool = False) -> Aggregator:
-    """Fed+'s Moreau-envelope aggregation (Yu et al., 2022; spec §1.5-§3.5).
+    """Fed+'s Moreau-envelope aggregation (Yu et al., 2022; eqs. (7), (16), (22)
+    and (25)).
 
     ``argmin_w sum_k c_k Psi_hat_{1/sigma}(u_k - w)`` over the cohort's unmasked
-    updates, ``c_k = n_k`` if ``weighted`` else 1 (Fed+'s means are unweighted:
-    spec §10 item 2). ``psi="l2"`` is FedGeoMed+, ``"l1"`` FedCoMed+, ``"sq"``
+    updates, ``c_k = n_k`` if ``weighted`` else 1 (the paper's means are
+    unweighted). ``psi="l2"`` is FedGeoMed+, ``"l1"`` FedCoMed+, ``"sq"``
     FedAvg+ (the mean), ``"ind0"`` FedProx's (the mean), ``"zero"`` pure local (the
     mean). For the three mean cases ``linear_weights`` is set, so the engine
     streams the mean instead of stacking the updates.

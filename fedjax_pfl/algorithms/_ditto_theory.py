@@ -7,8 +7,8 @@ k has ``w_k = theta + zeta_k`` with
 adversaries), ``n`` points ``x_ki = w_k + N(0, sigma^2)``, local loss
 ``F_k(w) = (w - mean_i x_ki)^2 / 2`` and the global optimum ``w*`` the UNWEIGHTED
 mean of the local optima (adversaries included). The expected-error formulas for
-any lambda are derived in the spec (checked there and in the tests by Monte
-Carlo); the paper states only their minimizers.
+any lambda are our own derivation (checked by Monte Carlo in
+``tests/algorithms/test_ditto.py``); the paper states only their minimizers.
 """
 
 from __future__ import annotations
@@ -169,9 +169,10 @@ def expected_variance(lam, sigma: float, n: float, tau: float, num_clients: int,
     devices) of the squared errors ``e_k^2 = (v_k(lam) - w_k)^2``.
 
     ``(K_b - 1)/K_b (2 MSE^2 - 2 Cov^2)``, with ``Cov`` the covariance of two benign
-    devices' errors (spec §5.2; the errors are jointly Gaussian). This is the
+    devices' errors (our derivation; the errors are jointly Gaussian). This is the
     fairness quantity of Theorems 3, 5, 7 and 9; the paper's claim that lambda*
-    minimizes it holds only approximately under attack (spec §5.5).
+    minimizes it holds only approximately under attack (its proofs ignore the
+    correlation between devices that the shared ``w*`` induces).
 
     Returns:
       float64 array shaped like ``lam``.

@@ -174,7 +174,8 @@ def dual_mlp(input_shape: tuple[int, ...], num_outputs: int,
 def dual_lindt_cnn(num_classes: int = 10) -> DualModel:
     """LINDT's CIFAR CNN (``models.lindt_cifar_cnn``, 940,362 parameters) as
     ``M = 5`` layers, tapped after conv1+ReLU+pool, conv2+ReLU+pool, fc1+ReLU and
-    fc2+ReLU (spec §9.1's proposal; dropout off, as in the zoo's factory)."""
+    fc2+ReLU (our choice, as the paper names no tap points: docs/lindt.md,
+    decision 1; dropout off, as in the zoo's factory)."""
     model = from_flax(LindtCIFARCNN(num_classes), (32, 32, 3))
 
     def conv1(p, x):
@@ -203,10 +204,11 @@ def dual_lindt_lstm(seq_len: int = 80, vocab_size: int = 80, *,
     """LINDT's Shakespeare LSTM (``models.lindt_shakespeare_lstm``, 819,920
     parameters, last-step logits) as layers embedding -> LSTM1 -> LSTM2 -> dense.
 
-    Taps (spec §9.1): after LSTM1 and LSTM2 (the full ``[B, T, 256]`` sequences),
-    and also after the embedding with ``tap_embedding``. ``granularity='sample'``
-    scores each sample over its flattened sequence (the paper's wording);
-    ``'timestep'`` scores every (sample, timestep) over the hidden vector.
+    Taps (the paper names none; docs/lindt.md, decision 1): after LSTM1 and
+    LSTM2 (the full ``[B, T, 256]`` sequences), and also after the embedding with
+    ``tap_embedding``. ``granularity='sample'`` scores each sample over its
+    flattened sequence (the paper's wording); ``'timestep'`` scores every
+    (sample, timestep) over the hidden vector.
     """
     if granularity not in GRANULARITIES:
         raise ValueError(f"granularity: must be one of {GRANULARITIES}, got "

@@ -30,7 +30,7 @@ def semantic_backdoor(data, malicious, *, mapping=CIFAR_BACKDOOR,
     Backdoor rows are source-class images relabelled by ``mapping``, drawn with
     replacement from the attacker's own source-class rows, or, if it has none
     (label skew), from the source-class training rows of all clients (the paper
-    does not say where they come from, spec §9.16).
+    does not say where they come from).
 
     Args:
       data: :class:`fedjax_pfl.data.FederatedData` with integer labels.

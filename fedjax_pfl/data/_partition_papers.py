@@ -369,7 +369,7 @@ def fedplus_synthetic_regression(
     multiples of 50); ``mu_k ~ N(0, 0.5 I)`` per coordinate. Parties ``1..N-1``:
     ``w_k = w_bar + Laplace(0.5)`` with ``w_bar ~ N(0, 5 I)``; the last party (the
     outlier) uses its own ``w_bar' ~ N(0, 50 I)``. Noise ``v ~ N(0, 2)``. All
-    ``N(0, s)`` read ``s`` as a variance (the spec's recommendation). Targets are
+    ``N(0, s)`` read ``s`` as a variance (the paper does not say). Targets are
     ``[n, 1]``; split 50/50 train/test.
     """
     num_clients = check_int("num_clients", num_clients, lo=1)

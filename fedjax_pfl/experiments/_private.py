@@ -20,7 +20,7 @@ def private_accuracy(model, data, key, *, client_lr=0.1, num_local_steps=10,
     """Per-client accuracy ``V_i^P`` of private models trained in the same engine
     (``algorithms.local_only`` with every client every round).
 
-    The paper gives no recipe (spec §9.13). Here: SGD at ``client_lr``,
+    The LINDT paper gives no training recipe for them. Here: SGD at ``client_lr``,
     ``num_local_steps`` steps per round for ``num_rounds`` rounds, each client's
     accuracy taken at its best evaluation (``select='best'``, optimistic, like
     early stopping on the test split) or the last (``'last'``). Returns ``[N]``.

@@ -56,7 +56,9 @@ def system_gain(gains, *, alpha=None, mask=None) -> jax.Array:
         ``n_i/n`` is the other weighting it lists). Renormalized over the counted
         clients.
       mask: ``[N]`` clients to count (e.g. benign only, ``threat.benign``: the
-        paper's tables are consistent with benign-only averages, spec §7.4c).
+        paper's tables are consistent with benign-only averages: in LINDT's
+        tables, local accuracy minus beta, the mean private accuracy, moves with
+        the share of attackers).
     """
     g = jnp.asarray(gains, jnp.float32)
     ok = jnp.isfinite(g)

@@ -122,7 +122,7 @@ def nfl_curves(
     title: str | None = None,
     path: str | os.PathLike | None = None,
 ):
-    """NFL detection and gain over rounds (LINDT, spec Sec. 3.4).
+    """NFL detection and gain over rounds (LINDT, Sec. 3.4).
 
     Panel "Delta": the server's noise-corrected weight divergence
     ``Delta = (1/K) sum_k ||w_k - w|| - ||noise||`` with the threshold

@@ -2,8 +2,8 @@
 
 The mechanisms are described as ``dp_accounting`` events and handed to its RDP
 accountant (Mironov et al. 2019 for the Poisson-subsampled Gaussian; the
-RDP -> (eps, delta) conversion of Balle et al. 2020 / Canonne et al. 2020, the
-spec's Lemma 2) or to its PLD accountant. Nothing here re-implements an
+RDP -> (eps, delta) conversion of Balle et al. 2020 / Canonne et al. 2020,
+FedFDP's Lemma 2) or to its PLD accountant. Nothing here re-implements an
 accountant.
 
 Sample-level DP-SGD: one Poisson(q)-subsampled Gaussian with multiplier sigma per
@@ -36,10 +36,10 @@ from fedjax_pfl.validation import (
 )
 
 ACCOUNTANTS = ("rdp", "pld")
-# The spec's recommended rich set (§13.6): 1.1..10.9 by 0.1, 11..63, 128/256/512.
+# A rich set of RDP orders: 1.1..10.9 by 0.1, 11..63, 128/256/512.
 DEFAULT_ORDERS = tuple(float(np.round(a, 1)) for a in np.arange(1.1, 10.95, 0.1)) + \
     tuple(float(a) for a in range(11, 64)) + (128.0, 256.0, 512.0)
-# The orders of the spec's epsilon table (§11) and of the authors' code.
+# The RDP orders of the FedFDP authors' code (github.com/one1Mouth/FedFDP).
 INTEGER_ORDERS = tuple(float(a) for a in range(2, 64)) + (128.0, 256.0, 512.0)
 
 
@@ -164,7 +164,7 @@ def epsilon(event: dp_accounting.DpEvent, delta: float, *, accountant: str = "rd
       event: a ``dp_accounting.DpEvent`` (e.g. from :func:`dp_sgd_event`).
       delta: target delta in (0, 1).
       accountant: ``"rdp"`` (default; orders ``DEFAULT_ORDERS``) or ``"pld"``.
-      orders: RDP orders (``INTEGER_ORDERS`` reproduces the spec's table).
+      orders: RDP orders (``INTEGER_ORDERS``: those of the FedFDP authors' code).
       pld_discretization: PLD ``value_discretization_interval``.
     """
     if not isinstance(event, dp_accounting.DpEvent):

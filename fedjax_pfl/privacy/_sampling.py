@@ -12,7 +12,7 @@ from fedjax_pfl.validation import check_count, check_probability
 
 def default_max_batch_size(q: float, n: int) -> int:
     """``min(n, ceil(q n + 6 sqrt(q n) + 1))``: the static cap of a Poisson(q)
-    batch from ``n`` examples (spec §4.4); see :func:`truncation_probability`."""
+    batch from ``n`` examples; see :func:`truncation_probability`."""
     check_probability("q", q)
     n = check_count("n", n)
     mu = q * n

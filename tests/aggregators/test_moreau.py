@@ -1,6 +1,7 @@
 """Fed+'s Moreau aggregation and the smoothed Weiszfeld kernel: prox closed forms,
-the paper's oracles (specs/fedplus.md §8.2 O1-O2), the two solvers against each
-other and against a float64 NumPy reference, invariances (§3.5), masks, jit."""
+closed-form aggregates (e.g. delta / m toward one far outlier), the two solvers
+against each other and against a float64 NumPy reference, invariances, masks,
+jit."""
 
 import jax
 import jax.numpy as jnp
@@ -114,7 +115,7 @@ def test_one_dimensional_oracle(psi, method):
 
 
 def test_paper_needs_many_more_iterations_than_irls():
-    """The paper's step moves w by at most delta (spec §3.5): from the mean 20 to
+    """The paper's step moves w by at most delta: from the mean 20 to
     0.025 it needs >= 200 iterations; IRLS needs tens."""
     U = {"a": jnp.asarray([[0.0]] * 4 + [[100.0]])}
     _, it_irls = moreau_solve(U, jnp.ones(5), "l2", 0.1, method="irls", tol=1e-7)
@@ -182,7 +183,7 @@ def test_weiszfeld_matches_float64_reference():
         assert z.dtype == jnp.float64
         np.testing.assert_allclose(np.asarray(z), _np_weiszfeld(X, a, 1e-6), atol=1e-9)
         # Fed+'s GeoMed+ is the exact geometric median when delta < min distance
-        # to it (spec §3.5); it equals the IRLS fixed point with nu = delta.
+        # to it; it equals the IRLS fixed point with nu = delta.
         gm = _np_weiszfeld(X, np.ones(9), 1e-12)
         dmin = np.min(np.linalg.norm(X - gm, axis=1))
         zd, _ = moreau_solve({"x": jnp.asarray(X)}, jnp.ones(9), "l2", 0.5 * dmin,
@@ -222,7 +223,7 @@ def test_linear_penalties_give_the_mean_and_stream(psi, weighted):
 @pytest.mark.parametrize("psi", ["l2", "l1"])
 @pytest.mark.parametrize("method", ["irls", "paper"])
 def test_invariances(psi, method):
-    """Spec §3.5: permutation invariance, translation equivariance, scaling
+    """Permutation invariance, translation equivariance, scaling
     A(sU; s delta) = s A(U; delta); masked (NaN) rows are ignored."""
     rng = np.random.default_rng(8)
     U = _tree(rng, 7)

@@ -1,7 +1,9 @@
 """Robust aggregators against NumPy/SciPy references on hand-built inputs, their
 reductions to the mean, the shared guarantees (masked NaN rows ignored, cohort
 order, jit), composition with FedAvg/Ditto and robustness under attack.
-Specs: specs/ditto.md §2.3, specs/fedplus.md §3.6."""
+The rules follow Ditto (Li et al., ICML 2021) and its authors' code (median, Krum,
+multi-Krum, clipping, k-norm, k-loss, FedMGDA+) and Fed+'s baselines (RFA, the
+coordinatewise median)."""
 
 import functools
 
@@ -116,7 +118,7 @@ def test_vanishing_robustness_is_the_mean(agg, weighted):
 
 
 def test_fedmgda_epsilon_one_is_not_the_mean():
-    """epsilon >= 1 is MGDA's min-norm point (spec §2.3): not the mean of the
+    """epsilon >= 1 is MGDA's min-norm point (FedMGDA+): not the mean of the
     normalized updates, which epsilon = 0 gives."""
     unit = X7 / np.linalg.norm(X7, axis=1, keepdims=True)
     np.testing.assert_allclose(_run(A.fedmgda_plus(0.0), X7), unit.mean(0), atol=1e-6)
@@ -436,7 +438,7 @@ def test_fedavg_composes_with_every_aggregator(name):
 
 @pytest.mark.parametrize("name", ["clipping_then_k_loss", "multi_krum", "moreau_l2"])
 def test_ditto_composes_with_robust_aggregators(name):
-    """Ditto + robust global aggregation (spec §2.6) under A3, including a rule
+    """Ditto + robust global aggregation (Ditto's §4.4) under A3, including a rule
     that needs the round-start losses (clipping followed by k-loss)."""
     fed, threat = _data("A3")
     agg = (A.norm_clipping(A.k_loss(3)) if name == "clipping_then_k_loss"

@@ -1,7 +1,7 @@
 """Ditto (Li et al., ICML 2021): the simulator against the paper's closed forms,
 its reductions (lam = 0 is local, lam -> inf is global, the global model is
-FedAvg's), the engine guarantees (STYLE.md §4) and the lambda-selection modes.
-Spec: ../shared/specs/ditto.md (§1.2-1.4, §5, §7, §8 rows 1-5 and 8)."""
+FedAvg's), the engine guarantees (docs/extending.md §8) and the lambda-selection
+modes. Paper: Algs. 1-2, §3.3 and App. A (theory), §4 and App. D.2 (lambda)."""
 
 import chex
 import jax
@@ -30,7 +30,7 @@ from fedjax_pfl.core._local import client_loss, local_train, prox_penalty
 MODEL = models.logistic_regression((6,), 3)
 POINT = models.mean_model(1)
 
-# The paper's Figure 1 configurations (sigma, n, tau, K, K_a, tau_a), spec §5.3.
+# The paper's Figure 1 configurations (sigma, n, tau, K, K_a, tau_a).
 CLEAN = (0.8, 30, 0.1, 8, 0, 0.0)
 ADV = (0.8, 30, 0.1, 16, 8, 0.5)
 
@@ -63,7 +63,7 @@ def _linear_no_bias(dim):
 
 
 def test_point_estimation_matches_lemma9_and_global_is_mean():
-    """Spec §8 row 3 / §5.6: exact gradients, full participation, r = 1."""
+    """Lemma 9's closed form: exact gradients, full participation, r = 1."""
     pe = fdata.point_estimation_problem(num_clients=8, n=30, sigma=0.8, tau=0.1,
                                         seed=0)
     lams = [0.0, 0.5, 2.0, 10.0, 1000.0]
@@ -162,7 +162,7 @@ def local_runs(data):
 @pytest.mark.parametrize("batches,sampling", [("shared", "with_replacement"),
                                               ("independent", "full_batch")])
 def test_lam_zero_is_local_training(data, local_runs, batches, sampling):
-    """Spec §5.6: lam = 0 gives the 'local' baseline's models. With shared
+    """lam = 0 gives the 'local' baseline's models. With shared
     minibatches the personal update draws the same batches as local_only."""
     ditto_state = _run(_ditto(lam=0.0, personal_lr=0.1, personal_steps=3,
                               batches=batches, sampling=sampling, **LOCAL), data, 3)
@@ -175,7 +175,7 @@ def test_lam_zero_is_local_training(data, local_runs, batches, sampling):
 
 def test_huge_lam_tracks_round_start_global_model(data):
     """lam = 1e4, personal_lr (1 + lam) = 0.5: v_k -> w^t, the global model
-    received at the START of the round (not the one after it), spec §1.2."""
+    received at the START of the round (not the one after it), as in Alg. 1."""
     lam = 1e4
     alg = _ditto(lam=lam, personal_lr=0.5 / (1 + lam), personal_steps=20,
                  cohort="full")
@@ -199,13 +199,13 @@ def test_huge_lam_tracks_round_start_global_model(data):
 
 @pytest.mark.parametrize("case", ["clean", "A2+TERM"])
 def test_global_trajectory_is_fedavg_bit_for_bit(data, case):
-    """Spec §5.6: v_k never feeds into w, so Ditto's w^t IS FedAvg's (same cohort,
+    """Alg. 1: v_k never feeds into w, so Ditto's w^t IS FedAvg's (same cohort,
     aggregator, weighting, attack)."""
     kw = dict(client_lr=0.2, num_local_steps=2, batch_size=4, cohort_size=3,
               cohort="size_weighted")
     if case == "clean":
         kw.update(weighted=False)
-    else:  # Ditto + a robust (here: fair) aggregator under attack, spec §2.6
+    else:  # Ditto + a robust (here: fair) aggregator under attack, the paper's §4.4
         kw.update(cohort="uniform", aggregator=aggregators.tilted_mean(1.0, True),
                   attack=attacks.gaussian_updates(),
                   malicious=attacks.malicious_clients(7, 0.4, seed=1))
@@ -288,7 +288,8 @@ def test_permuting_clients_permutes_personal_models(data):
 
 
 def test_personal_models_start_at_w0_and_only_selected_clients_change(data):
-    """Spec §1.2 / §8 row 8; also compiles once across rounds (STYLE §4.5)."""
+    """v_k starts at w^0 and changes only in rounds where k is selected (Alg. 1);
+    also compiles once across rounds."""
     alg = _ditto(cohort_size=2, cohort="size_weighted")
     state = alg.init(jax.random.key(1), data)
     chex.assert_trees_all_equal(
@@ -493,7 +494,7 @@ def test_invalid_arguments_raise_against_data(data):
 
 
 def test_lambda_star_and_mse_constants_of_figure_1():
-    """Spec §5.3 table (Theorems 6 and 8, Lemmas 10-12)."""
+    """The Figure 1 configurations' constants (Theorems 6 and 8, Lemmas 10-12)."""
     assert ditto_lambda_star(*CLEAN) == pytest.approx(2.1333, abs=1e-4)
     assert ditto_lambda_star(*CLEAN) == pytest.approx(0.8**2 / (30 * 0.1**2))
     assert ditto_lambda_star(*ADV) == pytest.approx(1.18519, abs=1e-5)
@@ -508,14 +509,14 @@ def test_lambda_star_and_mse_constants_of_figure_1():
         pytest.approx(1.2439e-4, rel=1e-3)
     assert ditto_expected_variance(ditto_lambda_star(*ADV), *ADV) == \
         pytest.approx(1.7586e-4, rel=1e-3)
-    # Linear regression, X^T X = beta I (spec §5.4): lam* does not depend on beta.
+    # Linear regression, X^T X = beta I (App. A.2): lam* does not depend on beta.
     lr_cfg = (1.0, 40, 0.3, 10, 3, 1.5)
     ls = ditto_lambda_star(*lr_cfg)
     assert ls == pytest.approx(0.15432, abs=1e-5)
     for lam, want in ((ls, 0.41304), (0.0, 0.71429), (np.inf, 0.80043)):
         assert ditto_expected_mse(lam, *lr_cfg, beta=7.0, dim=5) == \
             pytest.approx(want, abs=1e-5)
-    # Trends (spec §5.2): lam* decreases with n, tau, K_a and tau_a.
+    # Trends of the closed form: lam* decreases with n, tau, K_a and tau_a.
     assert ditto_lambda_star(0.8, 60, 0.1, 16, 8, 0.5) < ditto_lambda_star(*ADV)
     assert ditto_lambda_star(0.8, 30, 0.2, 16, 8, 0.5) < ditto_lambda_star(*ADV)
     assert ditto_lambda_star(0.8, 30, 0.1, 16, 10, 0.5) < ditto_lambda_star(*ADV)
@@ -539,7 +540,8 @@ def test_mse_is_minimized_at_lambda_star(cfg):
 
 
 def test_paper_grid_argmins_and_variance_caveat():
-    """Spec §8 row 1 and §5.5 on the notebook's lambda grid."""
+    """On the authors' notebook's lambda grid (Figure 1): the MSE argmins, and under
+    attack the variance minimized only near lam* (see expected_variance)."""
     grid = np.r_[np.arange(0, 3, 0.2), np.arange(3, 10, 0.5), np.arange(10, 200, 10)]
     assert grid[np.argmin(ditto_expected_mse(grid, *CLEAN))] == pytest.approx(2.2)
     assert grid[np.argmin(ditto_expected_mse(grid, *ADV))] == pytest.approx(1.2)
@@ -555,7 +557,7 @@ def test_paper_grid_argmins_and_variance_caveat():
 
 
 def _monte_carlo(lams, sigma, n, tau, k, ka, tau_a, trials, seed):
-    """The authors' notebook generator (spec Appendix): adversaries first."""
+    """The authors' notebook generator (point_estimation.ipynb): adversaries first."""
     rng = np.random.default_rng(seed)
     w = np.concatenate([rng.normal(0, tau_a, (trials, ka)),
                         rng.normal(0, tau, (trials, k - ka))], 1)

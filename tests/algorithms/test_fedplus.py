@@ -1,8 +1,8 @@
-"""Fed+ (Kundu et al., arXiv 2009.06303): the simulator against the spec's oracles
-(../shared/specs/fedplus.md §8.2): O3 local-step closed forms, O4 quadratic fixed
-points (E-independent for lambda = 0, E-dependent for lambda = 1), O5 monotone
-F_sigma (Thm 1), O6 / Table 1 reductions (FedAvg, FedProx, local, RFA,
-coordinatewise median), and the engine guarantees of STYLE.md §4."""
+"""Fed+ (Kundu et al., arXiv 2009.06303): the simulator against closed forms
+derived from the paper: local-step closed forms (Prop. 1), quadratic fixed points
+(Thm 2; E-independent for lambda = 0, E-dependent for lambda = 1), monotone
+F_sigma (Thm 1), Table 1 reductions (FedAvg, FedProx, local, RFA, coordinatewise
+median), and the engine guarantees of docs/extending.md §8."""
 
 import chex
 import jax
@@ -61,7 +61,7 @@ def _quadratics(num_clients=4, n=12, dim=3, seed=0):
 
 
 def _fixed_point(quads, gamma):
-    """Spec O4: ``[sum A_k (A_k + g I)^-1] w~ = sum (A_k + g I)^-1 b_k`` and
+    """Thm 2: ``[sum A_k (A_k + g I)^-1] w~ = sum (A_k + g I)^-1 b_k`` and
     ``w_k = (A_k + g I)^-1 (b_k + g w~)``."""
     eye = np.eye(quads[0][0].shape[0])
     inv = [np.linalg.inv(a + gamma * eye) for a, _, _ in quads]
@@ -220,7 +220,7 @@ def _huber(r, delta):
 
 def _robust_center(points, delta, psi, iters=3000):
     """argmin_w sum_k h_delta(||p_k - w||) (l2) or sum_kj h_delta(|p_kj - w_j|)
-    (l1) in float64 by IRLS (spec §3.5)."""
+    (l1) in float64 by IRLS (smoothed Weiszfeld with nu = delta)."""
     w = points.mean(0)
     for _ in range(iters):
         r = points - w
@@ -231,7 +231,7 @@ def _robust_center(points, delta, psi, iters=3000):
 
 
 def _f_sigma(quads, wk, sigma, delta, psi):
-    """F_sigma(W) = 1/N sum_k f_k(w_k) + min_w 1/N sum_k Psi^(w_k - w) (spec §1.8)."""
+    """F_sigma(W) = 1/N sum_k f_k(w_k) + min_w 1/N sum_k Psi^(w_k - w) (eq. (28))."""
     f = np.mean([0.5 * w @ a @ w - b @ w + c for (a, b, c), w in zip(quads, wk)])
     if psi == "sq":
         u = wk - wk.mean(0)
@@ -244,7 +244,7 @@ def _f_sigma(quads, wk, sigma, delta, psi):
 
 def _joint_objective(quads, psi, sigma, delta):
     """``v = (W, w~) -> (H, grad H)``: 1/N sum_k f_k(w_k) + sigma h(w_k - w~)
-    (spec §1.8; min over w~ of it is F_sigma(W)), for L-BFGS."""
+    (min over w~ of it is F_sigma(W), eq. (28)), for L-BFGS."""
     n, d = len(quads), quads[0][0].shape[0]
 
     def fun(v):
@@ -500,7 +500,7 @@ def _loop_rounds(data, key, num_rounds, agg_set):
     ("all", (EngineConfig("vmap"), EngineConfig("map", 1))),
     ("sampled", (EngineConfig("map", 2),))])
 def test_vmap_equals_map_equals_python_loop(data, agg_set, engines):
-    """STYLE §4.2: every engine == a Python loop over parties (l2 prox,
+    """Every engine == a Python loop over parties (l2 prox,
     lambda = 0.3, E_k in {1, 2, 3}, 3 of 7 parties a round, 3 rounds)."""
     w_loop, wk_loop = _loop_rounds(data, jax.random.key(0), 3, agg_set)
     for engine in engines:
@@ -535,8 +535,8 @@ def test_jit_equals_no_jit():
 
 
 def test_compiles_once_only_cohort_changes_and_untrained_use_global(data):
-    """STYLE §4.5; unselected parties keep w_k; the 'personal' view gives a
-    party never sampled the global model (spec §10.11)."""
+    """Compiles once; unselected parties keep w_k; the 'personal' view gives a
+    party never sampled the global model (docs/fedplus.md, decision 7)."""
     alg = algorithms.fedplus(MODEL, **dict(LOOP, cohort_size=2))
 
     @jax.jit
@@ -566,7 +566,8 @@ def test_compiles_once_only_cohort_changes_and_untrained_use_global(data):
 
 
 def test_sweep_over_sigma_and_init_mix_equals_separate_runs():
-    """sigma and lambda may be traced (STYLE §3): fp.sweep == separate runs."""
+    """sigma and lambda may be traced (docs/extending.md §1): fp.sweep == separate
+    runs."""
     fed, make = _small()
     hp = {"sigma": [0.0, 8.0], "init_mix": [1.0, 0.0]}
     key = jax.random.key(3)

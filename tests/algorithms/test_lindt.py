@@ -1,5 +1,5 @@
 """LINDT: attaching module, dual model, detection/recovery inside the round
-(specs/lindt.md §2-3, §7.4)."""
+(Lin et al., arXiv 2020: Eqs. 8-10, Alg. 2, recovery as in Sec. 5.3)."""
 
 import chex
 import jax
@@ -84,7 +84,7 @@ def test_score_extremes_reduce_to_global_or_local():
 def test_dual_models_compose_and_parameter_counts():
     cnn = algorithms.dual_lindt_cnn()
     p = jax.eval_shape(cnn.model.init, jax.random.key(0))
-    assert models.num_params(p) == 940_362  # spec §4.7, valid padding
+    assert models.num_params(p) == 940_362  # App. C.2's CNN, valid padding
     assert 0.001 * np.sqrt(940_362) == pytest.approx(0.9697, abs=1e-4)  # ||noise||
     lstm = jax.eval_shape(models.lindt_shakespeare_lstm().init, jax.random.key(0))
     assert models.num_params(lstm) == 819_920  # PyTorch-style double bias

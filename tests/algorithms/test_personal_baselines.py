@@ -1,4 +1,4 @@
-"""The Ditto paper's personalization baselines (specs/ditto.md §2.5): APFL,
+"""The Ditto paper's personalization baselines (its Tables 2 and 7): APFL,
 L2SGD, EWC, SKL, Per-FedAvg, mapper, MOCHA. Hand-computed oracles of each
 update, their reductions (to FedAvg, local training or plain finetuning), vmap
 == lax.map == a Python loop over clients, compile-once, composition with

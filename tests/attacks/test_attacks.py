@@ -1,6 +1,7 @@
-"""The Ditto threat model (spec §3.3, §8 row 5): the fixed malicious set, label
-poisoning (A1), Gaussian updates (A2), model replacement (A3); and TERM's tilted
-mean (spec §2.4), the 'fair' baseline's aggregator."""
+"""The Ditto threat model (Li et al., ICML 2021, Def. 1, with the authors' code's
+details): the fixed malicious set, label poisoning (A1), Gaussian updates (A2),
+model replacement (A3); and TERM's tilted mean (Ditto's §4.2), the 'fair'
+baseline's aggregator."""
 
 import chex
 import jax

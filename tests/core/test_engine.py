@@ -1,4 +1,4 @@
-"""The engine's central guarantees (STYLE.md §4)."""
+"""The engine's central guarantees (docs/extending.md §8)."""
 
 import chex
 import jax

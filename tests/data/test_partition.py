@@ -208,7 +208,7 @@ def test_lindt_mixed_group_sizes_and_matching_distributions():
     assert sizes.std() > 0.5 * sizes.mean()  # log-normal, far from equal
 
 
-# Table 8 (specs/lindt.md §4.2): std of the per-client data amount (mean 600).
+# LINDT's Table 8 (App. C.1): std of the per-client data amount (mean 600).
 _LINDT_TABLE8_STD = {"non_iid_10": 572, "non_iid_5": 811, "non_iid_2": 855,
                      "mixed": 732}
 

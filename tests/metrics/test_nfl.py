@@ -1,4 +1,5 @@
-"""NFL measurement and detection (LINDT, specs/lindt.md §1 and §7)."""
+"""NFL measurement and detection (LINDT, Lin et al., arXiv 2020: the gain, Eqs.
+2-3; detection, Sec. 3.4 and Alg. 2; Proposition 1, Eq. 6)."""
 
 import jax
 import jax.numpy as jnp
@@ -26,7 +27,7 @@ def test_gain_hand_values():
     g = metrics.gain_metrics(glob, priv, mask=np.array([1, 1, 0, 0]))
     assert float(g["nfl/beta"]) == pytest.approx(5.0, abs=1e-4)  # percent
     assert float(g["nfl/local_acc"]) - float(g["nfl/private_acc"]) == pytest.approx(
-        float(g["nfl/beta"]), abs=1e-4)  # Local - beta = private mean (spec §7.4c)
+        float(g["nfl/beta"]), abs=1e-4)  # Local - beta = private mean (LINDT's tables)
     row = metrics.add_gain({"round": 3}, glob, priv)
     assert row["round"] == 3 and row["nfl/beta"] == pytest.approx(100 * 0.1 / 3, 1e-5)
 
@@ -68,7 +69,7 @@ def test_detection_fires_at_r_prime_plus_one(r_prime):
 
 def test_detection_cumulative_and_below_eps():
     # Delta > eps only in odd rounds: the counter is cumulative, so it fires at
-    # round 2 r' + 1 (spec §7.4b: "about 2r' + 2").
+    # round 2 r' + 1 (Alg. 2 counts strictly: count > r').
     alt = np.where(np.arange(1, 41) % 2 == 1, 0.3, 0.05)
     state, _ = _scan_detector(alt, 0.1, 5)
     assert int(state.detect_round) == 11 == metrics.detection_round(alt, r_prime=5)
@@ -128,7 +129,7 @@ def test_divergence_and_noise_correction():
 
 
 def test_proposition1_bound_on_label_skew_quadratics():
-    """Eq. 6 (spec §7.4a): full-batch GD on per-class quadratics, clients that
+    """Eq. 6 (Proposition 1): full-batch GD on per-class quadratics, clients that
     differ only by their label mix, plain mean, no clipping: w_div <= bound."""
     rng = np.random.default_rng(0)
     d, c, k, t_steps, eta = 5, 4, 6, 20, 0.05

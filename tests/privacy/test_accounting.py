@@ -1,5 +1,5 @@
-"""Accounting through dp_accounting against specs/fedfdp.md §11 (epsilon table,
-largest T, the Abadi cross-check, the closed-form RDP at order 2) and PLD."""
+"""Accounting through dp_accounting against independently computed values (epsilon
+table, largest T, the Abadi cross-check, the closed-form RDP at order 2) and PLD."""
 
 import dp_accounting
 import numpy as np
@@ -8,7 +8,7 @@ import pytest
 from fedjax_pfl import privacy
 
 Q, DELTA = 0.05, 1e-5
-ORD = privacy.INTEGER_ORDERS  # the orders of the spec's table
+ORD = privacy.INTEGER_ORDERS  # the FedFDP authors' code's orders
 
 
 @pytest.mark.parametrize("sigma,sigma_loss,rounds,eps", [

@@ -1,5 +1,5 @@
-"""Per-example clipping: ghost norms == nested vmap, clip factors (spec §11
-oracles), Gaussian noise statistics, Poisson sampling, argument checks."""
+"""Per-example clipping: ghost norms == nested vmap, clip factors (FedFDP's fair
+clip, Eq. 13), Gaussian noise statistics, Poisson sampling, argument checks."""
 
 import flax.linen as nn
 import jax
@@ -110,7 +110,7 @@ def test_shared_layer_falls_back():
 
 
 def test_clip_factor_oracles():
-    """specs/fedfdp.md §11 fair-clip factors."""
+    """FedFDP's fair-clip factors (Ling et al. 2024, Eq. 13) on hand values."""
     cf = privacy.clip_factor
     w = 1 + 0.1 * (3.0 - 1.0)  # 1.2
     np.testing.assert_allclose(cf(jnp.float32(0.05), 0.1, w), 1.2, rtol=1e-6)

@@ -1,4 +1,4 @@
-"""FedFDP / FedFair (specs/fedfdp.md §3-4, §11 oracles): the fairness-gradient
+"""FedFDP / FedFair (Ling et al. 2024, Algs. 1-2, Eqs. 10-15): the fairness-gradient
 identity, the loss release, lam = 0 == DP-FedSGD, the server's F_hat."""
 
 import jax
@@ -28,7 +28,7 @@ def _diff(a, b):
 @pytest.mark.parametrize("method", ["ghost", "vmap"])
 def test_fairness_gradient_identity(method):
     """sum_j (1 + lam (l_j - F)) grad l_j / |B| == grad of
-    (1/|B|) sum_j [l_j + lam/2 (l_j - F)^2] with F fixed (spec §11)."""
+    (1/|B|) sum_j [l_j + lam/2 (l_j - F)^2] with F fixed (Eqs. 10-11)."""
     params = jax.jit(MODEL.init)(jax.random.key(0))
     x = jax.random.normal(jax.random.key(1), (6, 6))
     y, mask = jnp.arange(6) % 3, jnp.array([1, 1, 1, 1, 1, 0.0])
@@ -62,7 +62,7 @@ def test_fairness_gradient_identity(method):
 def test_loss_release():
     losses, mask = jnp.array([1.0, 3.0, 5.0, 9.0]), jnp.array([1.0, 1.0, 1.0, 0.0])
     out = privacy.release_loss(losses, mask, 2.5, 5.0 * 0, jax.random.key(0))
-    assert float(out) == pytest.approx(2.0)  # spec §11: [1, 2.5, 2.5] -> 2.0
+    assert float(out) == pytest.approx(2.0)  # clipped [1, 2.5, 2.5] -> 2.0
     out = privacy.release_loss(losses, mask, jnp.inf, 0.0, jax.random.key(0))
     assert float(out) == pytest.approx(3.0)  # no clip, no noise: the mean
     draws = jax.jit(jax.vmap(lambda k: privacy.release_loss(
@@ -74,7 +74,7 @@ def test_loss_release():
 
 def test_lam_zero_is_dp_fedsgd_and_server_state(data):
     """lam = 0, sigma = 0 (any C): FedFDP's model update is DP-FedSGD with the
-    same clipping (spec §11); F_hat is the weighted mean of the released losses,
+    same clipping; F_hat is the weighted mean of the released losses,
     which become the clients' next loss bounds."""
     kw = {"clip": 0.5, "noise_multiplier": 0.0, "sampling_rate": 0.3,
                       "client_lr": 0.5, "unroll": 1}
@@ -98,7 +98,7 @@ def test_lam_zero_is_dp_fedsgd_and_server_state(data):
     assert float(out.server.fhat) == pytest.approx(np.sum(n * bounds) / n.sum(),
                                                    rel=1e-5)
     # same program, other (lam, C): with every example clipped (F_hat = 0 in
-    # round 0, so all weights exceed 1) fairness is lost (spec §4.1) ...
+    # round 0, so all weights exceed 1) fairness is lost (Eq. 13) ...
     out2, m2 = run(jnp.float32(2.0), jnp.float32(0.5), state, data)
     assert float(m2["train/dp/clipped_fraction"]) == 1.0
     assert _diff(out2.server.params, out.server.params) < 1e-6
