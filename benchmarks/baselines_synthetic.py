@@ -52,21 +52,23 @@ def make(method: str, model, args) -> fp.Algorithm:
     local = {"client_lr": args.lr, "num_local_steps": args.steps,
              "batch_size": args.batch, "cohort_size": args.cohort}
     hp = HPARAMS[method]
+    # SCAFFOLD, FedDyn and pFedMe: an unweighted mean of the uploads
+    # (weighted=False), as in the published runs; FedAvg, FedProx: size-weighted.
     if method == "fedavg":
         return algorithms.fedavg(model, **local)
     if method == "fedprox":
         return algorithms.fedprox(model, **hp, **local)
     if method == "scaffold":
-        return algorithms.scaffold(model, **hp, **local)
+        return algorithms.scaffold(model, weighted=False, **hp, **local)
     if method == "feddyn":
-        return algorithms.feddyn(model, **hp, **local)
+        return algorithms.feddyn(model, weighted=False, **hp, **local)
     if method == "qffl":
         return algorithms.qffl(model, lipschitz_L=1.0 / args.lr, **hp, **local)
     if method == "afl":
         local.pop("cohort_size")
         return algorithms.afl(model, cohort="full", sampling="with_replacement",
                               **hp, **local)
-    return algorithms.pfedme(model, inner_lr=args.lr, **hp, **local)
+    return algorithms.pfedme(model, inner_lr=args.lr, weighted=False, **hp, **local)
 
 
 def run_one(method: str, seed: int, args) -> list[dict]:

@@ -30,7 +30,7 @@ import jax
 import numpy as np
 
 from fedjax_pfl import algorithms, models
-from fedjax_pfl.core import EngineConfig, client_mesh
+from fedjax_pfl.core import EngineConfig, client_mesh, execution
 from fedjax_pfl.data import from_client_arrays
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -71,7 +71,7 @@ def _compiled_round(model, data, args, engine):
     on every device, as the rounds leave the state)."""
     alg = algorithms.fedavg(model, client_lr=0.05, num_local_steps=args.steps,
                             batch_size=args.batch, cohort="full",
-                            cohort_size=data.num_clients, engine=engine)
+                            cohort_size=data.num_clients)
     state = alg.init(jax.random.key(args.seed), data)
     if engine.mesh is not None:
         from jax.sharding import NamedSharding, PartitionSpec
@@ -80,7 +80,9 @@ def _compiled_round(model, data, args, engine):
             (state, data), NamedSharding(engine.mesh, PartitionSpec()))
     key = jax.random.key(args.seed + 1)
     t0 = time.perf_counter()
-    step = jax.jit(alg.round_step).lower(state, data, key).compile()
+    with execution(engine):  # the round is traced (lowered) under its engine
+        step = jax.jit(lambda s, d, k: alg.round_step(s, d, k)).lower(
+            state, data, key).compile()
     return step, time.perf_counter() - t0, (state, data, key)
 
 

@@ -72,8 +72,9 @@ def main(argv=None):
     fed = data.fedprox_synthetic(1.0, 1.0, num_clients=args.clients, max_size=500)
     model = (models.logistic_regression((60,), 10) if args.model == "logreg"
              else models.mlp((60,), 10, hidden=(200, 200)))
+    # Ditto's Alg. 2 harness: size-weighted cohorts, an unweighted mean
     kw = dict(client_lr=0.05, num_local_steps=10, batch_size=10,
-              cohort_size=args.cohort_size)
+              cohort_size=args.cohort_size, cohort="size_weighted", weighted=False)
     key = jax.random.key(0)
     records = []
 
@@ -101,8 +102,7 @@ def main(argv=None):
 
     # 2. one Ditto round vs one FedAvg round (same cohort, same global update)
     times = {}
-    for name, alg in (("fedavg", algorithms.fedavg(model, cohort="size_weighted",
-                                                   weighted=False, **kw)),
+    for name, alg in (("fedavg", algorithms.fedavg(model, **kw)),
                       ("ditto", algorithms.ditto(model, lam=1.0, **kw))):
         state = alg.init(key, fed)
         step = jax.jit(lambda s, d, k, alg=alg: alg.round_step(s, d, k)[0])

@@ -24,7 +24,7 @@ import jax
 import numpy as np
 
 from fedjax_pfl import algorithms, attacks, data, metrics, models
-from fedjax_pfl.core import EngineConfig, participation_counts, simulate
+from fedjax_pfl.core import EngineConfig, execution, participation_counts, simulate
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from throughput import parse_or_report, write_jsonl  # noqa: E402
@@ -32,7 +32,7 @@ from throughput import parse_or_report, write_jsonl  # noqa: E402
 BINS = ((0, 0), (1, 2), (3, 5), (6, 10), (11, 10**9))  # rounds a client took part in
 
 
-def by_participation(alg, state, fed, key, benign, cohort_size, rounds):
+def by_participation(alg, state, fed, key, benign, cohort_size, rounds, engine):
     """Per-client test accuracy of the global and personal models of benign
     clients, grouped by how many rounds each client took part in: with 10 of 500
     clients a round, a client trains its personal model only when selected."""
@@ -41,8 +41,10 @@ def by_participation(alg, state, fed, key, benign, cohort_size, rounds):
                  if k in ("global", "personal")}
         return metrics.evaluate(views, d, splits=("test",), per_client=True)
 
-    ev = jax.jit(per_client)(state, fed)  # state and data as arguments, never
-    # as captured constants (6.6 GB of personal models for 500 clients)
+    # state and data as arguments, never as captured constants (6.6 GB of
+    # personal models for 500 clients); traced under the run's engine
+    with execution(engine):
+        ev = jax.jit(per_client)(state, fed)
     counts = participation_counts(fed, rounds, jax.random.split(key)[1], cohort_size,
                                   "size_weighted")
     out = []
@@ -131,9 +133,10 @@ def main(argv=None):
                                        num_classes=10)
     strong = args.attack == "A3" or args.ratio > 0.5
     model = models.ditto_fmnist_cnn()
+    engine = EngineConfig(args.strategy)
     common = dict(client_lr=0.05, num_local_steps=2, batch_size=16, cohort_size=10,
-                  cohort="size_weighted", attack=threat.update_attack,
-                  malicious=threat.malicious, engine=EngineConfig(args.strategy))
+                  cohort="size_weighted", weighted=False, attack=threat.update_attack,
+                  malicious=threat.malicious)
     records = []
     algs = {
         "ditto": algorithms.ditto(model, lam=args.lam, lam_selection=args.lam_selection,
@@ -159,10 +162,10 @@ def main(argv=None):
         res = simulate(algs[run], fed, num_rounds=args.rounds,
                        eval_every=args.eval_every, key=jax.random.key(args.seed),
                        eval_mask=threat.benign, splits=("test",), progress=True,
-                       callback=log)
+                       callback=log, engine=engine)
         wall = time.perf_counter() - t0
         groups = by_participation(algs[run], res.state, fed, jax.random.key(args.seed),
-                                  threat.benign, 10, args.rounds)
+                                  threat.benign, 10, args.rounds, engine)
         for g in (g for g in groups if g['clients']):
             print(f"  took part in {g['min_rounds']}-{g['max_rounds']} rounds: "
                   f"{g['clients']} benign clients, mean acc " + ", ".join(

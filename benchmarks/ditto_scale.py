@@ -2,8 +2,9 @@
 
 The paper setting (Li et al. 2021, Table 1): 500 clients, the Ditto FMNIST CNN
 (3.27M parameters), ``ditto(lam=1, client_lr=0.05, batch_size=16,
-num_local_steps=2, cohort_size=10)``: 500 stacked personal models, 6.5 GB. Each
-phase runs in its own process, so its peak RSS (``VmHWM``) is its own:
+num_local_steps=2, cohort_size=10, cohort='size_weighted', weighted=False)``:
+500 stacked personal models, 6.5 GB. Each phase runs in its own process, so its
+peak RSS (``VmHWM``) is its own:
 
 * ``round``: one jitted training round with the state donated, as ``simulate``
   runs it on CPU: compile apart, median over ``--rounds`` rounds; whether the
@@ -140,7 +141,8 @@ def build(args, num_clients=None):
                                 shuffle_seed=args.seed, num_clients=n)
     model = MODELS[args.model]()
     alg = algorithms.ditto(model, lam=1.0, client_lr=0.05, batch_size=16,
-                           num_local_steps=2, cohort_size=min(10, n))
+                           num_local_steps=2, cohort_size=min(10, n),
+                           cohort="size_weighted", weighted=False)
     return fed, model, alg
 
 

@@ -30,7 +30,7 @@ import time
 import jax
 
 from fedjax_pfl import algorithms, attacks, data, metrics, models
-from fedjax_pfl.core import AlgorithmState, EngineConfig
+from fedjax_pfl.core import AlgorithmState, EngineConfig, execution
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from throughput import _meta, parse_or_report, write_jsonl
@@ -61,10 +61,11 @@ def summary(ev, view):
             "worst10": float(ev[f"{k}/worst10"])}
 
 
-def finetune_rows(model, state, fed, key, benign, common, args):
+def finetune_rows(model, state, fed, key, benign, common, args, engine):
     """Plain finetuning, EWC and SKL from the final ``w*`` of the Ditto run
-    (every lambda of ``--ewc-lams`` / ``--skl-lams``)."""
-    ft = dict(finetune_steps=args.finetune_steps, unroll=1)
+    (every lambda of ``--ewc-lams`` / ``--skl-lams``), evaluated under
+    ``engine``."""
+    ft = dict(finetune_steps=args.finetune_steps, weighted=False)
     stateless = AlgorithmState(state.server, (), state.round)
     algs = {("plain finetuning", 0.0): algorithms.ewc(model, lam=0.0, **common, **ft)}
     algs.update({("EWC", lam): algorithms.ewc(model, lam=lam, **common, **ft)
@@ -74,9 +75,10 @@ def finetune_rows(model, state, fed, key, benign, common, args):
     out = []
     for (row, lam), alg in algs.items():
         t0 = time.perf_counter()
-        ev = jax.jit(lambda s, d, alg=alg: metrics.evaluate(
-            {"personal": alg.eval_models(s, d, key)["personal"]}, d,
-            splits=("test",), mask=benign))(stateless, fed)
+        with execution(engine):
+            ev = jax.jit(lambda s, d, alg=alg: metrics.evaluate(
+                {"personal": alg.eval_models(s, d, key)["personal"]}, d,
+                splits=("test",), mask=benign))(stateless, fed)
         out.append({"row": row, "config": f"lam={lam:g}", **summary(ev, "personal"),
                     "eval_wall_s": time.perf_counter() - t0})
     return out
@@ -174,20 +176,26 @@ def main(argv=None):
     model = make_model(args.model)
     common = dict(client_lr=0.1, num_local_steps=args.local_steps, batch_size=32,
                   cohort_size=args.cohort_size, cohort="size_weighted",
-                  attack=threat.update_attack, malicious=threat.malicious,
-                  engine=EngineConfig(args.strategy))
+                  attack=threat.update_attack, malicious=threat.malicious)
     no_attack = {k: v for k, v in common.items() if k not in ("attack", "malicious")}
-    ft = dict(finetune_steps=args.finetune_steps, unroll=1)
-    algs = {
-        "ditto": algorithms.ditto(model, lam=args.lam, **common),
+    ft = dict(finetune_steps=args.finetune_steps)
+    engine = EngineConfig(args.strategy)
+    # the methods that finetune at evaluation (Per-FedAvg, mapper; EWC, SKL in
+    # finetune_rows) run with unroll=1: their local and finetuning loops are
+    # compiled as loops, not unrolled
+    ft_engine = EngineConfig(args.strategy, unroll=1)
+    engines = {"per_fedavg": ft_engine, "mapper": ft_engine}
+    algs = {  # weighted=False: the Ditto code's unweighted mean (L2SGD's only one)
+        "ditto": algorithms.ditto(model, lam=args.lam, weighted=False, **common),
         "local": algorithms.local_only(model, **{k: v for k, v in no_attack.items()}),
         "l2sgd": algorithms.l2sgd(model, lam=args.l2sgd_lam, **common),
         "per_fedavg": algorithms.per_fedavg(
-            model, alpha=0.1, beta=args.pfa_beta,
+            model, alpha=0.1, beta=args.pfa_beta, weighted=False,
             **{k: v for k, v in common.items() if k != "client_lr"}, **ft),
-        "mapper": algorithms.mapper(model, **common, **ft),
+        "mapper": algorithms.mapper(model, weighted=False, **common, **ft),
         "apfl": algorithms.apfl(model, alpha=args.apfl_alpha,
-                                adaptive_alpha=args.apfl_adaptive, **common),
+                                adaptive_alpha=args.apfl_adaptive, weighted=False,
+                                **common),
     }
     apfl_cfg = (f"alpha0={args.apfl_alpha:g} adaptive" if args.apfl_adaptive else
                 f"alpha={args.apfl_alpha:g} fixed")
@@ -220,23 +228,26 @@ def main(argv=None):
     for run in args.methods:
         alg = algs[run]
         t0 = time.perf_counter()
-        state = alg.init(init_key, fed)
-        step = jax.jit(alg.round_step, donate_argnums=0)
-        for _ in range(args.rounds):  # one jitted call per round (the CPU default)
-            state, train_metrics = step(state, fed, run_key)
-        jax.block_until_ready(state)
-        train_wall = time.perf_counter() - t0
-        wanted = {view for _, view, _ in views[run]}
-        ev = jax.jit(lambda s, d, alg=alg, wanted=wanted: metrics.evaluate(
-            {k: v for k, v in alg.eval_models(s, d, eval_key).items() if k in wanted},
-            d, splits=("test",), mask=benign))(state, fed)
+        with execution(engines.get(run, engine)):  # rounds traced under it
+            state = alg.init(init_key, fed)
+            step = jax.jit(lambda s, d, k, alg=alg: alg.round_step(s, d, k),
+                           donate_argnums=0)
+            for _ in range(args.rounds):  # one jitted call per round (CPU default)
+                state, train_metrics = step(state, fed, run_key)
+            jax.block_until_ready(state)
+            train_wall = time.perf_counter() - t0
+            wanted = {view for _, view, _ in views[run]}
+            ev = jax.jit(lambda s, d, alg=alg, wanted=wanted: metrics.evaluate(
+                {k: v for k, v in alg.eval_models(s, d, eval_key).items()
+                 if k in wanted}, d, splits=("test",), mask=benign))(state, fed)
         wall = time.perf_counter() - t0
         for row, view, config in views[run]:
             emit({"row": row, "run": run, "config": config, **summary(ev, view),
                   "train_loss": float(train_metrics["train/loss"]),
                   "train_wall_s": train_wall, "wall_s": wall})
         if run == "ditto":
-            for r in finetune_rows(model, state, fed, eval_key, benign, common, args):
+            for r in finetune_rows(model, state, fed, eval_key, benign, common, args,
+                                   ft_engine):
                 emit({"run": "ditto_w_star", "train_wall_s": train_wall, **r})
         print(f"{run}: {args.rounds} rounds in {train_wall:.0f} s, + evaluation "
               f"{time.perf_counter() - t0 - train_wall:.0f} s", flush=True)

@@ -120,13 +120,12 @@ def main(argv=None):
             alg = _presets.fedfdp_algorithm(
                 m, model, q=args.q, lr=args.lr if m in PRIVATE else args.lr_nonprivate,
                 lam=args.lam, clip=args.clip, sigma=args.sigma,
-                sigma_loss=args.sigma_loss, num_clients=fed.num_clients,
-                engine=EngineConfig(
-                    None if args.strategy == "auto" else args.strategy))
+                sigma_loss=args.sigma_loss, num_clients=fed.num_clients)
             res = simulate(alg, fed, num_rounds=rounds[m],
                            eval_every=min(args.eval_every, rounds[m]),
                            key=jax.random.key(args.seed), splits=("test",),
-                           progress=True, privacy=mon)
+                           progress=True, privacy=mon, engine=EngineConfig(
+                               None if args.strategy == "auto" else args.strategy))
             last = res.history[-1]
             rec = {"dataset": ds, "method": m, "seed": args.seed,
                    "wall_s": time.perf_counter() - t0, "target_epsilon": eps,

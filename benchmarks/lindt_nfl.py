@@ -39,7 +39,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_pfl import algorithms, experiments, metrics, models
-from fedjax_pfl.core import EngineConfig
 from fedjax_pfl.experiments import _presets_lindt as _lindt
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -70,7 +69,7 @@ def build(method, dual, args, mal, noise_std):
         method, dual, mal, lr=args.lr, lr_decay=args.lr_decay,
         cohort_size=args.cohort_size, steps=args.steps, clip=args.clip,
         noise_std=noise_std, trim=args.trim, eps=args.eps, r_prime=args.r_prime,
-        fb_steps=args.fb_steps, fb_lr=args.fb_lr, engine=EngineConfig())
+        fb_steps=args.fb_steps, fb_lr=args.fb_lr)
 
 
 def run_method(method, dual, fd, mal, private_acc, args, noise_std, key):

@@ -57,8 +57,7 @@ def load(args):
 
 def make(method: str, model, args) -> fp.Algorithm:
     common = dict(client_lr=args.lr, num_local_steps=args.steps,
-                  batch_size=args.batch, cohort_size=args.cohort, cohort="uniform",
-                  unroll=args.unroll)
+                  batch_size=args.batch, cohort_size=args.cohort, cohort="uniform")
     if method == "fedavg":
         return algorithms.fedavg(model, weighted=True, **common)
     if method == "local":
@@ -82,7 +81,8 @@ def run_one(method: str, seed: int, fed, dim: int, args) -> dict:
     model = models.mlp((dim,), 10, hidden=tuple(args.hidden))
     t0 = time.perf_counter()
     res = fp.simulate(make(method, model, args), fed, num_rounds=args.rounds,
-                      key=jax.random.key(seed), splits=("test",), progress=False)
+                      key=jax.random.key(seed), splits=("test",), progress=False,
+                      engine=fp.EngineConfig(unroll=args.unroll))
     seconds = time.perf_counter() - t0
     last, view = res.history[-1], VIEW.get(method, "personal")
     k = f"{view}/test/accuracy"

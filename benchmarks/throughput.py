@@ -28,9 +28,8 @@ import numpy as np
 import optax
 
 from fedjax_pfl import algorithms, models
-from fedjax_pfl.core import EngineConfig, run_rounds
+from fedjax_pfl.core import EngineConfig, KeyTag, execution, run_rounds
 from fedjax_pfl.core._local import local_train
-from fedjax_pfl.core import KeyTag
 from fedjax_pfl.data import from_client_arrays
 
 MODELS = {
@@ -64,18 +63,19 @@ def engine_round(model, data, args, strategy, map_batch, scan_rounds=0):
     ``lax.scan`` as ``simulate`` runs them (time reported per round)."""
     alg = algorithms.fedavg(
         model, client_lr=0.05, num_local_steps=args.steps, batch_size=args.batch,
-        cohort="full", cohort_size=data.num_clients,
-        engine=EngineConfig(strategy, map_batch), unroll=args.unroll)
+        cohort="full", cohort_size=data.num_clients)
+    engine = EngineConfig(strategy, map_batch, unroll=args.unroll)
     state = alg.init(jax.random.key(0), data)
     key = jax.random.key(1)
     if scan_rounds:
         step = jax.jit(lambda s, d, k: run_rounds(alg, s, d, k, scan_rounds)[0])
     else:
         step = jax.jit(lambda s, d, k: alg.round_step(s, d, k)[0])
-    t0 = time.perf_counter()
-    step.lower(state, data, key).compile()
-    compile_s = time.perf_counter() - t0
-    new, first, t = _timed(lambda: step(state, data, key), args.repeats)
+    with execution(engine):  # every trace of ``step`` under this engine
+        t0 = time.perf_counter()
+        step.lower(state, data, key).compile()
+        compile_s = time.perf_counter() - t0
+        new, first, t = _timed(lambda: step(state, data, key), args.repeats)
     return new.server.params, compile_s, t / max(scan_rounds, 1)
 
 

@@ -41,7 +41,7 @@ import jax
 import numpy as np
 
 from fedjax_pfl import algorithms, data, evaluate_state, models
-from fedjax_pfl.core import EngineConfig, client_mesh
+from fedjax_pfl.core import EngineConfig, client_mesh, execution
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from throughput import _meta, cpu_model, parse_or_report, write_jsonl
@@ -94,19 +94,23 @@ def cpu_devices(n: int) -> int:
     return min(n, jax.device_count())
 
 
-def fedjax_ditto(model, *, lr, lam, batch_size, num_clients, devices):
-    """``algorithms.ditto`` with PFLlib's settings; on CPU with ``devices > 1``
-    the cohort's clients run one loop per CPU device (one per core); on an
-    accelerator one vmapped program in 4 size buckets."""
+def fedjax_engine(devices: int) -> EngineConfig:
+    """The engine of the fedjax side: on CPU with ``devices > 1`` the cohort's
+    clients run one loop per CPU device (one per core); on an accelerator one
+    vmapped program in 4 size buckets."""
     if jax.default_backend() != "cpu":  # one batched program, size buckets
-        engine = EngineConfig("vmap", buckets=4)
-    else:
-        engine = EngineConfig("map", 1, mesh=client_mesh(jax.devices()[:devices])
-                              if devices > 1 else None)
+        return EngineConfig("vmap", buckets=4)
+    return EngineConfig("map", 1, mesh=client_mesh(jax.devices()[:devices])
+                        if devices > 1 else None)
+
+
+def fedjax_ditto(model, *, lr, lam, batch_size, num_clients):
+    """``algorithms.ditto`` with PFLlib's settings (run under
+    :func:`fedjax_engine`)."""
     return algorithms.ditto(model, lam=lam, client_lr=lr, batch_size=batch_size,
                             local_epochs=1, personal_epochs=1, sampling="epoch",
                             drop_last=True, cohort="full", cohort_size=num_clients,
-                            weighted=True, engine=engine), True
+                            weighted=True), True
 
 
 def fedjax_setup(train, test, args):
@@ -116,8 +120,7 @@ def fedjax_setup(train, test, args):
     # the cohort is split evenly over the devices
     args.devices = max(d for d in range(1, args.devices + 1) if len(train) % d == 0)
     alg, drop_last = fedjax_ditto(model, lr=args.lr, lam=args.lam,
-                                  batch_size=args.batch_size, num_clients=len(train),
-                                  devices=args.devices)
+                                  batch_size=args.batch_size, num_clients=len(train))
     key = jax.random.key(args.seed)
     state = alg.init(jax.random.split(key)[0], fed)  # as simulate splits the key
     if args.devices > 1:  # a copy on every device, as the rounds leave them
@@ -129,12 +132,16 @@ def fedjax_setup(train, test, args):
 
 def run_fedjax(fed, alg, drop_last, state, key, args):
     run_key = jax.random.split(key)[1]
-    one = jax.jit(alg.round_step, donate_argnums=0)  # simulate's CPU path
+    engine = fedjax_engine(args.devices)
+    # simulate's CPU path
+    one = jax.jit(lambda s, d, k: alg.round_step(s, d, k), donate_argnums=0)
     t0 = time.perf_counter()
-    step = one.lower(state, fed, run_key).compile()
+    with execution(engine):  # the round is traced (lowered) under the engine
+        step = one.lower(state, fed, run_key).compile()
     compile_s = time.perf_counter() - t0
     ev_fn = jax.jit(lambda s, d: evaluate_state(
-        alg, s, d, key=key, views=("global", "personal"), splits=("train", "test")))
+        alg, s, d, key=key, views=("global", "personal"), splits=("train", "test"),
+        engine=engine))
     # evaluation on one device: the rounds leave the state copied on every
     # device, and a program over copies would run the same work on each
     one_dev = jax.devices()[0]

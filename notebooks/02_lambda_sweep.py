@@ -72,22 +72,24 @@ def make(lam):
     """One Ditto per lambda; ``lam`` arrives as a traced scalar inside the sweep."""
     return algorithms.ditto(model, lam=lam, client_lr=0.05,
                             num_local_steps=LOCAL_STEPS, batch_size=10,
-                            cohort_size=min(10, NUM_CLIENTS), unroll=False,
-                            malicious=threat.malicious)
+                            cohort_size=min(10, NUM_CLIENTS), cohort="size_weighted",
+                            weighted=False, malicious=threat.malicious)
 
 
 # %% [markdown]
 # ## The sweep
 #
 # `history[key]` has shape `[len(LAMS), evaluations]`; `states` holds every
-# lambda's final state with a leading axis of the same length.
+# lambda's final state with a leading axis of the same length. The engine
+# (`unroll=False`: local steps in a lax.scan, much faster to compile on CPU) is
+# given to `sweep`, not to the algorithm.
 
 # %%
 key = jax.random.key(0)
 hparams = {"lam": LAMS}
 states, history = fp.sweep(make, hparams, fed, num_rounds=ROUNDS,
                            eval_every=EVAL_EVERY, key=key, eval_mask=threat.benign,
-                           splits=("test",))
+                           splits=("test",), engine=fp.EngineConfig(unroll=False))
 for lam, mean, worst in zip(LAMS, history["personal/test/accuracy/mean"][:, -1],
                             history["personal/test/accuracy/worst10"][:, -1],
                             strict=True):

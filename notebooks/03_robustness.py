@@ -75,10 +75,11 @@ COHORT = min(10, NUM_CLIENTS)
 # %%
 def make(method, threat):
     common = {"client_lr": 0.05, "num_local_steps": LOCAL_STEPS, "batch_size": 10,
-              "cohort_size": COHORT, "unroll": False,
+              "cohort_size": COHORT,
               "attack": threat.update_attack, "malicious": threat.malicious}
-    if method == "Ditto":
-        return algorithms.ditto(model, lam=1.0, **common), "personal"
+    if method == "Ditto":  # Ditto's Alg. 2: size-weighted cohorts, unweighted mean
+        return algorithms.ditto(model, lam=1.0, cohort="size_weighted",
+                                weighted=False, **common), "personal"
     agg = {"FedAvg": None,
            "FedAvg + median": aggregators.coordinate_median(),
            "FedAvg + trimmed mean": aggregators.trimmed_mean(0.3)}[method]
@@ -90,7 +91,8 @@ def benign_accuracy(method, attack, ratio):
                                        num_classes=10, seed=0)
     alg, view = make(method, threat)
     res = fp.simulate(alg, fed, num_rounds=ROUNDS, key=jax.random.key(0),
-                      eval_mask=threat.benign, splits=("test",), progress=False)
+                      eval_mask=threat.benign, splits=("test",), progress=False,
+                      engine=fp.EngineConfig(unroll=False))  # local steps: a scan
     last = res.history[-1]
     return (last[f"{view}/test/accuracy/mean"],
             last[f"{view}/test/accuracy/worst10"])

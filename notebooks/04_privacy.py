@@ -106,13 +106,14 @@ plots.training_curves(dp_res, [["global/test/accuracy/mean"], ["privacy/epsilon"
 # %% [markdown]
 # ## FedFDP: fairness weights under the same guarantee
 #
-# FedFDP (its defaults: all clients every round, C = 0.1, sigma = 2, lr = 1)
-# reweights every example by `1 + lam (loss - F_hat)`, so clients the model
+# FedFDP (the paper's setting: all clients every round, one local step at
+# lr = 1, C = 0.1, sigma = 2) reweights every example by
+# `1 + lam (loss - F_hat)`, so clients the model
 # serves badly pull harder; its epsilon composes the gradient steps with one
 # noisy loss release per round (`privacy.fedfdp_event`), whatever `lam` is.
 # `lam = 0` is DP-FedSGD with the same clipping and noise: the fair comparison.
-# `lam` may be traced, so the comparison is one `fp.sweep` program. (With the
-# defaults on this synthetic problem the two runs end up nearly the same:
+# `lam` may be traced, so the comparison is one `fp.sweep` program. (With these
+# settings on this synthetic problem the two runs end up nearly the same:
 # numbers of the full run in docs/plots.md.)
 
 # %%
@@ -121,7 +122,8 @@ lams = {"lam": [0.0, 1.0]}
 
 
 def make_fedfdp(lam):
-    return algorithms.fedfdp(model, lam=lam)
+    return algorithms.fedfdp(model, lam=lam, cohort="full", num_local_steps=1,
+                             client_lr=1.0)
 
 
 states, hist = fp.sweep(make_fedfdp, lams, fed, num_rounds=fdp_rounds, key=key,

@@ -8,12 +8,13 @@ import numpy as np
 import fedjax_pfl as fp
 
 
-def run_jitted(alg, data, num_rounds, key=0, state=None):
-    """``num_rounds`` jitted rounds from ``alg.init(key(1))`` (or ``state``)."""
+def run_jitted(alg, data, num_rounds, key=0, state=None, engine=None):
+    """``num_rounds`` jitted rounds from ``alg.init(key(1))`` (or ``state``)
+    under ``engine`` (default: the one in force)."""
     if state is None:
         state = alg.init(jax.random.key(1), data)
     run = jax.jit(lambda s, d: fp.core.run_rounds(
-        alg, s, d, jax.random.key(key), num_rounds)[0])
+        alg, s, d, jax.random.key(key), num_rounds, engine=engine)[0])
     return run(state, data)
 
 

@@ -8,12 +8,13 @@ import numpy as np
 import optax
 import pytest
 
-from fedjax_pfl import algorithms, attacks, models
+from fedjax_pfl import EngineConfig, algorithms, attacks, models
 from fedjax_pfl import data as fdata
 from fedjax_pfl import toolkit as tk
 from helpers import leaves_equal, run_jitted
 
 MODEL = models.mlp((6,), 3, hidden=(8,))
+UNROLL1 = EngineConfig(unroll=1)
 
 
 @pytest.fixture(scope="module")
@@ -30,12 +31,14 @@ def _max_diff(a, b):
 
 FACTORIES = {
     "fedfdp": lambda **kw: algorithms.fedfdp(MODEL, clip=1.0, noise_multiplier=0.5,
-                                             sampling_rate=0.5, unroll=1, **kw),
+                                             sampling_rate=0.5, client_lr=1.0,
+                                             num_local_steps=1, cohort_size=None,
+                                             cohort="full", **kw),
     "lindt": lambda **kw: algorithms.lindt(
         algorithms.dual_mlp((6,), 3, (8,)), client_lr=0.1, num_local_steps=2,
-        batch_size=4, cohort_size=4, unroll=1, **kw),
+        batch_size=4, cohort_size=4, **kw),
     "fedavg": lambda **kw: algorithms.fedavg(MODEL, num_local_steps=2, batch_size=4,
-                                             cohort_size=4, unroll=1, **kw),
+                                             cohort_size=4, **kw),
 }
 
 
@@ -44,15 +47,15 @@ def test_engine_attacks_malicious_uploads_of_any_method(name, data):
     """No attacker: the attacked run is bitwise the clean run; one model
     replacement attacker moves the global model; the mask is checked."""
     make = FACTORIES[name]
-    clean = run_jitted(make(), data, 2)
+    clean = run_jitted(make(), data, 2, engine=UNROLL1)
     none = np.zeros(4, bool)
     harmless = run_jitted(make(attack=attacks.model_replacement(10.0),
-                               malicious=none), data, 2)
+                               malicious=none), data, 2, engine=UNROLL1)
     leaves_equal(clean.server.params, harmless.server.params)
     one = none.copy()
     one[1] = True
     attacked = run_jitted(make(attack=attacks.model_replacement(10.0),
-                               malicious=one), data, 2)
+                               malicious=one), data, 2, engine=UNROLL1)
     assert _max_diff(clean.server.params, attacked.server.params) > 1e-3
     with pytest.raises(ValueError, match="malicious"):
         make(attack=attacks.model_replacement(10.0))
@@ -63,7 +66,7 @@ def test_engine_attacks_malicious_uploads_of_any_method(name, data):
 
 def _my_fedavg(model, *, lr, steps, batch_size, cohort_size):
     """FedAvg written with the toolkit alone (the docs/extending.md pattern)."""
-    cfg = tk.make_local_config(lr, steps, batch_size, "with_replacement", 1)
+    cfg = tk.make_local_config(lr, steps, batch_size, "with_replacement", unroll=1)
 
     def init(key, data):
         return tk.AlgorithmState(model.init(key), (), jnp.zeros((), jnp.int32))
@@ -89,8 +92,9 @@ def test_a_method_in_a_few_lines_equals_fedavg(data):
     mine = run_jitted(_my_fedavg(MODEL, lr=0.1, steps=3, batch_size=4,
                                  cohort_size=2), data, 3)
     ref = run_jitted(algorithms.fedavg(MODEL, client_lr=0.1, num_local_steps=3,
-                                       batch_size=4, cohort_size=2, unroll=1,
-                                       server_optimizer=optax.sgd(1.0)), data, 3)
+                                       batch_size=4, cohort_size=2,
+                                       server_optimizer=optax.sgd(1.0)), data, 3,
+                     engine=UNROLL1)
     assert _max_diff(mine.server, ref.server.params) < 1e-6
 
 

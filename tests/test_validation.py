@@ -112,6 +112,17 @@ def test_check_probability_refuses(value):
     _refused(lambda: v.check_probability("arg", value))
 
 
+@pytest.mark.parametrize("value", [1.0, 1e-9, INF, np.array([0.5, INF]), 3])
+def test_check_clip_accepts(value):
+    v.check_clip("arg", value)
+
+
+@pytest.mark.parametrize("value", [0.0, -1.0, NAN, -INF, np.array([1.0, 0.0])]
+                         + WRONG_TYPES)
+def test_check_clip_refuses(value):
+    _refused(lambda: v.check_clip("arg", value))
+
+
 def test_check_probability_allow_zero():
     v.check_probability("q", 0.0, allow_zero=True)
     assert "[0, 1]" in _refused(

@@ -106,8 +106,8 @@ def afl(
     * ``w <- w + (N/m) sum_S lam_k delta_k`` (descent on the lam-weighted loss);
     * ``lam <- Proj_simplex(lam + lambda_lr (N/m) sum_S F_k e_k)`` (ascent).
 
-    The defaults (full participation, one full-batch step) are the paper's
-    projected gradient descent-ascent with step ``client_lr`` for ``w`` and
+    With ``cohort='full', num_local_steps=1, sampling='full_batch'`` this is
+    the paper's projected gradient descent-ascent with step ``client_lr`` for ``w`` and
     ``lambda_lr`` for ``lam``; AFL assumes every client (domain) answers every
     round. With partial participation the ``N/m`` factors make both steps
     unbiased estimates of the full ones. More local steps give a local-SGD
@@ -122,7 +122,8 @@ def afl(
       model: the model.
       lambda_lr: step size of the ascent on ``lam``, ``>= 0`` (may be traced).
       client_lr, num_local_steps, batch_size, sampling: the clients' local SGD.
-      cohort_size, cohort: default ``full`` (see above).
+      cohort_size, cohort: clients per round and how they are drawn (the
+        paper: ``cohort='full'``, see above).
       attack, malicious: update attack and ``[num_clients]`` malicious mask.
 
     Raises:

@@ -8,6 +8,7 @@ decisions where paper and code differ: docs/ditto.md.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -19,14 +20,14 @@ from fedjax_pfl.aggregators import Aggregator
 from fedjax_pfl.core import (
     Algorithm,
     AlgorithmState,
-    EngineConfig,
+    ClientResult,
     KeyTag,
+    LocalConfig,
     ModelView,
     client_loss,
-    federated_round,
-    lift,
     make_local_config,
     prox_penalty,
+    resolve_unroll,
     run_local,
     tree_broadcast,
 )
@@ -36,11 +37,11 @@ from fedjax_pfl.privacy import DPConfig
 from fedjax_pfl.toolkit import (
     check_cohort,
     check_malicious,
-    deferred,
     finetune_views,
     global_solver,
+    lift_clients,
     make_finetune_config,
-    resolve_cohort_size,
+    round_step,
 )
 from fedjax_pfl.validation import (
     check_choice,
@@ -87,19 +88,143 @@ def _lam_grid(lam_selection, lam_grid, strong_attack, fallback_lam):
     return grid, fallback
 
 
+class LamSelection(NamedTuple):
+    """How every client picks its lambda each round (see :func:`ditto`).
+
+    Attributes:
+      mode: ``'fixed'`` (the client's ``lam``), ``'paper'`` (§4 / App. D.2:
+        the best of ``grid`` on validation data, :func:`select_lambda`) or
+        ``'greedy_step'`` (the authors' code, :func:`greedy_step_lambda`).
+      grid, fallback: candidates, and the lambda of clients with fewer than
+        ``min_val_examples`` validation examples (``None`` when fixed).
+      min_val_examples: the small-validation threshold.
+      metric: ``'loss'`` (minimized) or ``'accuracy'`` (maximized).
+    """
+
+    mode: str
+    grid: tuple[float, ...] | None
+    fallback: float | None
+    min_val_examples: int
+    metric: str
+
+
+def personal_step(model: Model, pcfg: LocalConfig, v, lam_k, w, cid, key, data):
+    """Ditto's personal update of ONE client (Alg. 1, line 7): ``pcfg``'s SGD
+    steps on ``F_k(v) + lam_k/2 ||v - w||^2`` from ``v``, anchored at the
+    round-start global model ``w``. Returns ``(v, mean minibatch loss)``."""
+    return run_local(model, v, data, cid, key, pcfg, penalty=prox_penalty(lam_k, w))
+
+
+def validation_score(model: Model, metric: str, params, cid, data) -> jax.Array:
+    """Client ``cid``'s validation score of ``params``; lower is better."""
+    if metric == "loss":
+        return client_loss(model, params, data.val, cid)
+    return -client_loss(model, params, data.val, cid, metric=True)
+
+
+def select_lambda(model: Model, pcfg: LocalConfig, sel: LamSelection, v, w, cid,
+                  key, data):
+    """The paper's per-device lambda (§4, App. D.2) for ONE client: train ``v``
+    with every lambda of ``sel.grid`` on the same minibatches, keep the
+    candidate with the best validation score; a client with fewer than
+    ``sel.min_val_examples`` validation examples keeps ``sel.fallback``'s.
+    Returns ``(v, lambda, loss)``. The candidates are lifted by the engine's
+    strategy."""
+    grid, fallback = sel.grid, sel.fallback
+    extra = () if fallback in grid else (fallback,)
+    cands = jnp.asarray(grid + extra, jnp.float32)
+    vs, losses = lift_clients(
+        lambda lam_c: personal_step(model, pcfg, v, lam_c, w, cid, key, data))(cands)
+    scores = lift_clients(lambda p: validation_score(model, sel.metric, p, cid,
+                                                     data))(vs)[:len(grid)]
+    best = jnp.argmin(jnp.where(jnp.isnan(scores), jnp.inf, scores))
+    few_val = data.val.counts[cid] < sel.min_val_examples
+    i = jnp.where(few_val, (grid + extra).index(fallback), best)
+    return jax.tree.map(lambda a: a[i], vs), cands[i], losses[i]
+
+
+def greedy_step_lambda(model: Model, pcfg: LocalConfig, sel: LamSelection, v, lam,
+                       w, cid, key, data):
+    """The authors' code's dynamic lambda for ONE client: at every personal
+    step, the grid's candidate step with the lowest validation loss (one
+    gradient and ``len(grid)`` validation passes a step; the small-validation
+    rule keeps the candidate nearest ``sel.fallback``). Returns
+    ``(v, lambda, mean loss)``."""
+    cands = jnp.asarray(sel.grid, jnp.float32)
+    few_val = data.val.counts[cid] < sel.min_val_examples
+    rows, mask = client_batch_indices(
+        data.train, cid, key, num_steps=pcfg.num_steps,
+        batch_size=pcfg.batch_size, sampling=pcfg.sampling)
+
+    def step(carry, inputs):
+        v, _ = carry
+        b = gather_batch(data.train, *inputs)
+        loss, g = jax.value_and_grad(
+            lambda p: batch_loss(model, p, b.x, b.y, b.mask))(v)
+
+        def candidate(lam_c):
+            return jax.tree.map(lambda p, gp, wp: p - pcfg.lr * (
+                gp + lam_c * (p - wp)), v, g, w)
+
+        vs = jax.vmap(candidate)(cands)
+        scores = jax.vmap(lambda p: client_loss(model, p, data.val, cid))(vs)
+        fb = jnp.argmin(jnp.abs(cands - sel.fallback))
+        i = jnp.where(few_val, fb, jnp.argmin(jnp.where(
+            jnp.isnan(scores), jnp.inf, scores)))
+        return (jax.tree.map(lambda a: a[i], vs), cands[i]), loss
+
+    (v, lam), losses = jax.lax.scan(
+        step, (v, lam), (rows, mask),
+        unroll=resolve_unroll(pcfg.unroll, pcfg.num_steps))
+    return v, lam, jnp.mean(losses)
+
+
+def personal_update(model: Model, pcfg: LocalConfig, sel: LamSelection,
+                    state: DittoClientState, w, cid, key, data):
+    """ONE client's ``v_k`` update with its lambda (fixed, or selected by
+    ``sel``). Returns ``(DittoClientState, personal loss)``."""
+    if sel.mode == "fixed":
+        v, loss = personal_step(model, pcfg, state.personal, state.lam, w, cid, key,
+                                data)
+        return DittoClientState(v, state.lam), loss
+    if sel.mode == "greedy_step":
+        v, lam, loss = greedy_step_lambda(model, pcfg, sel, state.personal,
+                                          state.lam, w, cid, key, data)
+    else:
+        v, lam, loss = select_lambda(model, pcfg, sel, state.personal, w, cid, key,
+                                     data)
+    return DittoClientState(v, lam), loss
+
+
+def ditto_client(model: Model, pcfg: LocalConfig, sel: LamSelection, batches: str,
+                 global_update, server, client_state: DittoClientState, cid, key,
+                 data, *, cohort_size) -> ClientResult:
+    """Ditto's kernel for ONE client: the global solver's update from
+    ``server.params`` (``global_update``, FedAvg's or DP-FedAvg's, with its
+    upload), then :func:`personal_update` on its own minibatch stream
+    (``fold_in(key, KeyTag.PERSONAL)``), or on the same minibatches with
+    ``batches='shared'``."""
+    res = global_update(server, cid, key, data, cohort_size)
+    pkey = key if batches == "shared" else jax.random.fold_in(key, KeyTag.PERSONAL)
+    new_state, ploss = personal_update(model, pcfg, sel, client_state,
+                                       server.params, cid, pkey, data)
+    metrics = dict(res.metrics, personal_loss=ploss, lam=new_state.lam)
+    return res._replace(client_state=new_state, metrics=metrics)
+
+
 def ditto(
     model: Model,
     *,
     lam: float | jax.Array = 1.0,
-    client_lr: float | jax.Array = 0.05,
+    client_lr: float | jax.Array = 0.1,
     personal_lr: float | jax.Array | None = None,
-    num_local_steps: int = 2,
+    num_local_steps: int = 10,
     personal_steps: int | None = None,
     local_epochs: float | None = None,
     personal_epochs: float | None = None,
-    batch_size: int = 16,
+    batch_size: int = 32,
     cohort_size: int = 10,
-    cohort: str = "size_weighted",
+    cohort: str = "uniform",
     sampling: str = "with_replacement",
     drop_last: bool = False,
     local_optimizer=None,
@@ -111,7 +236,7 @@ def ditto(
     fallback_lam: float | None = None,
     selection_metric: str = "loss",
     aggregator: Aggregator | None = None,
-    weighted: bool = False,
+    weighted: bool = True,
     server_optimizer: optax.GradientTransformation | None = None,
     attack=None,
     malicious=None,
@@ -119,8 +244,6 @@ def ditto(
     finetune_steps: int | tuple[int, ...] = 0,
     finetune_lr: float | jax.Array | None = None,
     finetune_lam: float | jax.Array | None = None,
-    engine: EngineConfig | None = None,
-    unroll: int | bool | None = None,
 ) -> Algorithm:
     """Ditto's joint solver (Algorithm 1 with FedAvg as the global solver, Alg. 2).
 
@@ -157,8 +280,9 @@ def ditto(
         per pass; see :class:`fedjax_pfl.core.LocalConfig`).
       local_optimizer: ``lr -> optax.GradientTransformation`` for both local
         updates (default ``optax.sgd``).
-      cohort_size, cohort: clients per round; default size-weighted sampling and an
-        unweighted mean (``weighted=False``), as in the paper's Alg. 2 and code.
+      cohort_size, cohort: clients per round and how they are drawn (the
+        paper's Alg. 2 and code: ``cohort='size_weighted'`` with
+        ``weighted=False``, as the Ditto presets set).
       batches: ``independent`` minibatch streams for the two updates (the paper
         says nothing more), or ``shared`` (the code: both updates use the same
         minibatch at each step; needs ``personal_steps == num_local_steps``). The
@@ -189,19 +313,18 @@ def ditto(
         evaluation (``finetune_lam`` defaults to ``lam`` when it is a scalar); a
         tuple of step counts reports one ``finetuned_<count>`` view each, along
         one minibatch stream, to pick the best count as in the paper's Fig. 6.
-      engine, unroll: execution (see ``fedavg``).
     """
     if personal_lr is not None:
         check_positive("personal_lr", personal_lr)
     check_int("personal_steps", personal_steps, lo=1, allow_none=True)
     if personal_epochs is not None:
         check_positive("personal_epochs", personal_epochs)
-    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll,
+    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling,
                        local_epochs, drop_last=drop_last, optimizer=local_optimizer)
     pcfg = make_local_config(
         client_lr if personal_lr is None else personal_lr,
         num_local_steps if personal_steps is None else personal_steps,
-        batch_size, sampling, unroll,
+        batch_size, sampling,
         local_epochs if personal_epochs is None else personal_epochs,
         drop_last=drop_last, optimizer=local_optimizer)
     check_cohort(cohort_size, cohort)
@@ -231,7 +354,6 @@ def ditto(
     if finetune_lam is None:
         finetune_lam = lam if lam_ndim == 0 else 0.0
     ft_cfg = make_finetune_config(cfg, finetune_steps, finetune_lr, finetune_lam)
-    engine = engine or EngineConfig()
     solver = global_solver(model, cfg, aggregator=aggregator, weighted=weighted,
                            server_optimizer=server_optimizer,
                            attack=attack, malicious=malicious)
@@ -256,92 +378,22 @@ def ditto(
                                    lams)
         return AlgorithmState(server, clients, jnp.zeros((), jnp.int32))
 
-    def personal_key(key):
-        return key if batches == "shared" else jax.random.fold_in(key, KeyTag.PERSONAL)
+    sel = LamSelection(lam_selection, grid, fallback, min_val_examples,
+                       selection_metric)
+    step = round_step(
+        functools.partial(ditto_client, model, pcfg, sel, batches, global_update),
+        solver.server_fn, cohort_size=cohort_size, cohort=cohort,
+        linear_weights=solver.aggregator.linear_weights, pass_cohort_size=True)
 
-    def train_personal(v, lam_k, w, cid, key, data):
-        return run_local(model, v, data, cid, key, pcfg, penalty=prox_penalty(lam_k, w))
-
-    def val_score(params, cid, data):
-        """Lower is better."""
-        if selection_metric == "loss":
-            return client_loss(model, params, data.val, cid)
-        return -client_loss(model, params, data.val, cid, metric=True)
-
-    def personal_update(state: DittoClientState, w, cid, key, data):
-        if grid is None:
-            v, loss = train_personal(state.personal, state.lam, w, cid, key, data)
-            return DittoClientState(v, state.lam), loss
-        few_val = data.val.counts[cid] < min_val_examples
-        if lam_selection == "greedy_step":
-            return greedy_step_update(state, w, cid, key, data, few_val)
-        extra = () if fallback in grid else (fallback,)
-        cands = jnp.asarray(grid + extra, jnp.float32)
-        vs, losses = lift(lambda lam_c: train_personal(
-            state.personal, lam_c, w, cid, key, data), engine.strategy,
-            engine.map_batch_size)(cands)
-        scores = lift(lambda p: val_score(p, cid, data), engine.strategy,
-                      engine.map_batch_size)(vs)[:len(grid)]
-        best = jnp.argmin(jnp.where(jnp.isnan(scores), jnp.inf, scores))
-        i = jnp.where(few_val, (grid + extra).index(fallback), best)
-        v = jax.tree.map(lambda a: a[i], vs)
-        return DittoClientState(v, cands[i]), losses[i]
-
-    def greedy_step_update(state, w, cid, key, data, few_val):
-        """The code's dynamic lambda: per step, the candidate with the lowest
-        validation loss (one gradient, len(grid) validation passes per step)."""
-        cands = jnp.asarray(grid, jnp.float32)
-        rows, mask = client_batch_indices(
-            data.train, cid, key, num_steps=pcfg.num_steps,
-            batch_size=pcfg.batch_size, sampling=pcfg.sampling)
-
-        def step(carry, inputs):
-            v, _ = carry
-            b = gather_batch(data.train, *inputs)
-            loss, g = jax.value_and_grad(
-                lambda p: batch_loss(model, p, b.x, b.y, b.mask))(v)
-
-            def candidate(lam_c):
-                return jax.tree.map(lambda p, gp, wp: p - pcfg.lr * (
-                    gp + lam_c * (p - wp)), v, g, w)
-
-            vs = jax.vmap(candidate)(cands)
-            scores = jax.vmap(lambda p: client_loss(model, p, data.val, cid))(vs)
-            fb = jnp.argmin(jnp.abs(cands - fallback))
-            i = jnp.where(few_val, fb, jnp.argmin(jnp.where(
-                jnp.isnan(scores), jnp.inf, scores)))
-            return (jax.tree.map(lambda a: a[i], vs), cands[i]), loss
-
-        (v, lam_k), losses = jax.lax.scan(step, (state.personal, state.lam),
-                                          (rows, mask), unroll=pcfg.unroll)
-        return DittoClientState(v, lam_k), jnp.mean(losses)
-
-    def build(num_clients):
-        m = resolve_cohort_size(cohort_size, cohort, num_clients)
-
-        def client_fn(server, client_state, cid, key, data):
-            res = global_update(server, cid, key, data, m)
-            new_state, ploss = personal_update(
-                client_state, server.params, cid, personal_key(key), data)
-            metrics = dict(res.metrics, personal_loss=ploss, lam=new_state.lam)
-            return res._replace(client_state=new_state, metrics=metrics)
-
-        return federated_round(client_fn, solver.server_fn, cohort_size=m,
-                               cohort=cohort, engine=engine,
-                               linear_weights=solver.aggregator.linear_weights)
-
-    step = deferred(build)
-
-    def round_step(state, data, key):
+    def checked_step(state, data, key):
         check_data(data)
         return step(state, data, key)
 
     def eval_models(state, data, key):
         out = {"global": ModelView(model, state.server.params, False),
                "personal": ModelView(model, state.clients.personal, True)}
-        out.update(finetune_views(model, state.server.params, data, key, ft_cfg,
-                                  engine))
+        out.update(finetune_views(model, state.server.params, data, key, ft_cfg))
         return out
 
-    return Algorithm(init, round_step, eval_models)
+    return Algorithm(init, checked_step, eval_models)
 

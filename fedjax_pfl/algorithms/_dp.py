@@ -23,13 +23,12 @@ from fedjax_pfl.aggregators import Aggregator
 from fedjax_pfl.core import (
     Algorithm,
     ClientResult,
-    EngineConfig,
     ModelView,
     client_loss,
     client_steps,
-    default_unroll,
     make_local_config,
     passes_needed,
+    resolve_unroll,
 )
 from fedjax_pfl.models import Model
 from fedjax_pfl.privacy import DPConfig, dp_local_train, make_dp_config
@@ -70,7 +69,7 @@ def dp_client_update(model: Model, cfg, dp: DPConfig, sampling: str, solver,
         w_k, loss, dpm = dp_local_train(
             model, w, data.train, cid, key, lr=cfg.lr, num_steps=steps,
             batch_size=cfg.batch_size, sampling=sampling, dp=dp,
-            unroll=default_unroll(steps) if cfg.unroll is None else cfg.unroll,
+            unroll=resolve_unroll(cfg.unroll, steps),
             active_steps=active, drop_last=cfg.drop_last,
             num_passes=(passes_needed(cfg, data.train, steps) if sampling == "epoch"
                         else None))
@@ -93,7 +92,7 @@ def dp_fedavg(
     noise_multiplier: float | jax.Array,
     sampling_rate: float | jax.Array | None = None,
     client_lr: float | jax.Array = 0.1,
-    num_local_steps: int = 1,
+    num_local_steps: int = 10,
     local_epochs: float | None = None,
     batch_size: int = 32,
     sampling: str = "poisson",
@@ -108,8 +107,6 @@ def dp_fedavg(
     weighted: bool = True,
     attack=None,
     malicious=None,
-    engine: EngineConfig | None = None,
-    unroll: int | bool | None = None,
 ) -> Algorithm:
     """FedAvg whose clients run DP-SGD (sample-level DP per client).
 
@@ -145,7 +142,7 @@ def dp_fedavg(
         else nested vmap with a warning; metric ``dp/ghost``), ``'ghost'``,
         ``'vmap'``; ``chunk_size`` bounds the nested-vmap memory.
       cohort_size, cohort, server_optimizer, aggregator, weighted, attack,
-        malicious, engine, unroll: as in :func:`fedavg`.
+        malicious: as in :func:`fedavg`.
 
     Raises:
       ValueError: naming the argument, for out-of-range values.
@@ -157,9 +154,8 @@ def dp_fedavg(
                         max_batch_size, normalize, clip_method, chunk_size)
     cfg = make_local_config(client_lr, num_local_steps, batch_size,
                        "with_replacement" if sampling == "poisson" else sampling,
-                       unroll, local_epochs)
+                       local_epochs)
     check_cohort(cohort_size, cohort)
-    engine = engine or EngineConfig()
     solver = global_solver(model, cfg, aggregator=aggregator, weighted=weighted,
                            server_optimizer=server_optimizer,
                            attack=attack, malicious=malicious)
@@ -170,5 +166,5 @@ def dp_fedavg(
         return {"global": ModelView(model, state.server.params, False)}
 
     return stateless_algorithm(solver, client_update, eval_models,
-                               cohort_size=cohort_size, cohort=cohort, engine=engine,
+                               cohort_size=cohort_size, cohort=cohort,
                                malicious=malicious)

@@ -21,12 +21,10 @@ import optax
 from fedjax_pfl.aggregators import Aggregator
 from fedjax_pfl.core import (
     Algorithm,
-    EngineConfig,
     KeyTag,
     LocalConfig,
     ModelView,
     client_keys,
-    lift,
     make_local_config,
     run_local,
 )
@@ -35,6 +33,7 @@ from fedjax_pfl.models import Model, batch_loss
 from fedjax_pfl.toolkit import (
     check_cohort,
     global_solver,
+    lift_clients,
     make_finetune_config,
     stateless_algorithm,
 )
@@ -54,7 +53,7 @@ def finetune_local_config(cfg: LocalConfig, steps, epochs, lr) -> LocalConfig:
 
 
 def finetune_clients(model: Model, start, data, key, cfg: LocalConfig,
-                     engine: EngineConfig, penalty_for: Callable | None = None,
+                     penalty_for: Callable | None = None,
                      per_client_start: bool = False):
     """Every client finetunes from ``start`` (shared, or stacked with
     ``per_client_start``) on its training data with ``cfg``; ``penalty_for(cid,
@@ -68,12 +67,12 @@ def finetune_clients(model: Model, start, data, key, cfg: LocalConfig,
         pen = None if penalty_for is None else penalty_for(cid, k, p0)
         return run_local(model, p0, data, cid, k, cfg, penalty=pen)[0]
 
-    lifted = lift(one if per_client_start else (lambda c, k: one(c, k, start)),
-                  engine.strategy, engine.map_batch_size)
+    lifted = lift_clients(one if per_client_start
+                          else (lambda c, k: one(c, k, start)))
     return lifted(ids, keys, start) if per_client_start else lifted(ids, keys)
 
 
-def penalized_finetuning(model: Model, solver, ft: LocalConfig, engine: EngineConfig,
+def penalized_finetuning(model: Model, solver, ft: LocalConfig,
                          penalty_for: Callable, *, cohort_size, cohort,
                          malicious) -> Algorithm:
     """FedAvg training (``solver``) whose evaluation finetunes the global model
@@ -83,13 +82,12 @@ def penalized_finetuning(model: Model, solver, ft: LocalConfig, engine: EngineCo
 
     def eval_models(state, data, key):
         w = state.server.params
-        personal = finetune_clients(model, w, data, key, ft, engine,
-                                    penalty_for(w, data))
+        personal = finetune_clients(model, w, data, key, ft, penalty_for(w, data))
         return {"global": ModelView(model, w, False),
                 "personal": ModelView(model, personal, True)}
 
     return stateless_algorithm(solver, solver.client_update, eval_models,
-                               cohort_size=cohort_size, cohort=cohort, engine=engine,
+                               cohort_size=cohort_size, cohort=cohort,
                                malicious=malicious)
 
 
@@ -130,18 +128,16 @@ def ewc(
     local_epochs: float | None = None,
     batch_size: int = 32,
     cohort_size: int = 10,
-    cohort: str = "size_weighted",
+    cohort: str = "uniform",
     sampling: str = "with_replacement",
     aggregator: Aggregator | None = None,
-    weighted: bool = False,
+    weighted: bool = True,
     server_optimizer: optax.GradientTransformation | None = None,
     attack=None,
     malicious=None,
     finetune_steps: int = 50,
     finetune_epochs: float | None = None,
     finetune_lr: float | jax.Array | None = None,
-    engine: EngineConfig | None = None,
-    unroll: int | bool | None = None,
 ) -> Algorithm:
     """FedAvg, then every client finetunes ``w*`` with an EWC penalty.
 
@@ -164,18 +160,16 @@ def ewc(
       finetune_steps, finetune_epochs, finetune_lr: finetuning length (epochs,
         when given, override steps; the paper uses 50 epochs) and step size
         (default ``client_lr``).
-      engine, unroll: execution.
 
     Raises:
       ValueError: for invalid arguments (the message names the argument).
     """
-    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll,
+    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling,
                        local_epochs)
     check_cohort(cohort_size, cohort)
     check_nonnegative("lam", lam)
     check_int("fisher_batches", fisher_batches, lo=1)
     ft = finetune_local_config(cfg, finetune_steps, finetune_epochs, finetune_lr)
-    engine = engine or EngineConfig()
     solver = global_solver(model, cfg, aggregator=aggregator, weighted=weighted,
                            server_optimizer=server_optimizer,
                            attack=attack, malicious=malicious)
@@ -190,6 +184,6 @@ def ewc(
 
         return pen
 
-    return penalized_finetuning(model, solver, ft, engine, penalty_for,
+    return penalized_finetuning(model, solver, ft, penalty_for,
                                 cohort_size=cohort_size, cohort=cohort,
                                 malicious=malicious)

@@ -18,7 +18,6 @@ from fedjax_pfl.core import (
     Algorithm,
     AlgorithmState,
     ClientResult,
-    EngineConfig,
     ModelView,
     make_local_config,
     run_local,
@@ -55,8 +54,6 @@ def fedavg(
     finetune_steps: int | tuple[int, ...] = 0,
     finetune_lr: float | jax.Array | None = None,
     finetune_lam: float | jax.Array = 0.0,
-    engine: EngineConfig | None = None,
-    unroll: int | bool | None = None,
 ) -> Algorithm:
     """Federated averaging with an optax server optimizer.
 
@@ -90,27 +87,23 @@ def fedavg(
         the uploads of the clients flagged in the ``[num_clients]`` bool mask.
       finetune_steps, finetune_lr, finetune_lam: finetuning evaluation;
         ``finetune_steps`` may be a tuple of step counts (one view each).
-      engine: execution strategy (vmap / lax.map / sharding).
-      unroll: unroll local steps (default: on CPU).
     """
-    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll,
+    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling,
                        local_epochs, drop_last=drop_last,
                        optimizer=local_optimizer)
     check_cohort(cohort_size, cohort)
     ft_cfg = make_finetune_config(cfg, finetune_steps, finetune_lr, finetune_lam)
-    engine = engine or EngineConfig()
     solver = global_solver(model, cfg, aggregator=aggregator, weighted=weighted,
                            server_optimizer=server_optimizer,
                            attack=attack, malicious=malicious)
 
     def eval_models(state, data, key):
         out = {"global": ModelView(model, state.server.params, False)}
-        out.update(finetune_views(model, state.server.params, data, key, ft_cfg,
-                                  engine))
+        out.update(finetune_views(model, state.server.params, data, key, ft_cfg))
         return out
 
     return stateless_algorithm(solver, solver.client_update, eval_models,
-                               cohort_size=cohort_size, cohort=cohort, engine=engine,
+                               cohort_size=cohort_size, cohort=cohort,
                                malicious=malicious)
 
 
@@ -123,8 +116,6 @@ def local_only(
     cohort_size: int = 10,
     cohort: str = "uniform",
     sampling: str = "with_replacement",
-    engine: EngineConfig | None = None,
-    unroll: int | bool | None = None,
 ) -> Algorithm:
     """Local training: each client trains its own model, nothing is shared.
 
@@ -132,9 +123,8 @@ def local_only(
     ``num_local_steps`` steps per round, so the compute schedule matches FedAvg's
     (the Ditto paper's 'local' baseline). The evaluated model is ``personal``.
     """
-    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll)
+    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling)
     check_cohort(cohort_size, cohort)
-    engine = engine or EngineConfig()
 
     def init(key, data):
         params = model.init(key)
@@ -153,4 +143,4 @@ def local_only(
         return {"personal": ModelView(model, state.clients, True)}
 
     return Algorithm(init, round_step(client_fn, server_fn, cohort_size=cohort_size,
-                                      cohort=cohort, engine=engine), eval_models)
+                                      cohort=cohort), eval_models)

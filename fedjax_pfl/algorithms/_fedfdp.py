@@ -17,6 +17,8 @@ released losses (``F_hat``).
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
@@ -27,11 +29,9 @@ from fedjax_pfl.core import (
     Algorithm,
     AlgorithmState,
     ClientResult,
-    EngineConfig,
     KeyTag,
     ModelView,
-    check_unroll,
-    default_unroll,
+    resolve_unroll,
 )
 from fedjax_pfl.data import gather_batch
 from fedjax_pfl.models import Model
@@ -61,6 +61,69 @@ class FedFDPClientState(NamedTuple):
     loss_clip: jax.Array  # the client's adaptive loss bound C_loss,t
 
 
+class FedFDPConfig(NamedTuple):
+    """A FedFDP run's client-side settings (see :func:`fedfdp`)."""
+
+    model: Model
+    lr: float | jax.Array
+    num_steps: int
+    dp: object  # privacy.DPConfig
+    lam: float | jax.Array
+    weighting: str
+    loss_noise_multiplier: float | jax.Array
+    loss_clip_floor: float | jax.Array
+    adaptive_loss_clip: bool
+    sampling_rate: float | jax.Array
+
+
+def fairness_weights(weighting: str, lam, fhat) -> Callable:
+    """FedFair's per-example loss weights ``(losses, mask) -> weights``:
+    ``1 + lam (loss_i - fhat)`` per sample, or with the batch's mean loss
+    (``weighting='per_client'``); ``fhat`` is the server's released mean loss."""
+
+    def fn(losses, mask):
+        if weighting == "per_sample":
+            return 1.0 + lam * (losses - fhat)
+        mean = jnp.sum(losses * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+        return jnp.full_like(losses, 1.0 + lam * (mean - fhat))
+
+    return fn
+
+
+def fedfdp_client(fc: FedFDPConfig, server: FedFDPServerState,
+                  client_state: FedFDPClientState, cid, key, data) -> ClientResult:
+    """FedFDP's kernel for ONE client: DP-SGD on the fairness-weighted loss
+    (:func:`fairness_weights`), then the loss of the updated model on a fresh
+    Poisson batch, clipped at the client's loss clip and privatized
+    (``release_loss``); with ``adaptive_loss_clip`` that released loss is the
+    next round's clip. Uploads ``w_k - w``."""
+    model, dp, w = fc.model, fc.dp, server.params
+    w_k, loss, dpm = dp_local_train(
+        model, w, data.train, cid, key, lr=fc.lr, num_steps=fc.num_steps,
+        batch_size=1, sampling="poisson", dp=dp,
+        unroll=resolve_unroll(None, fc.num_steps),
+        weight_fn=fairness_weights(fc.weighting, fc.lam, server.fhat))
+    lkey = jax.random.fold_in(key, KeyTag.FEDFDP_LOSS)
+    rows, mask, _ = dp_batches(data.train, cid, lkey, num_steps=1, batch_size=1,
+                               sampling="poisson", dp=dp)
+    b = gather_batch(data.train, rows[0], mask[0])
+    per = model.loss(model.apply(w_k, b.x), b.y)
+    den = None
+    if dp.normalize == "expected":
+        den = fc.sampling_rate * data.train.counts[cid].astype(jnp.float32)
+    elif not isinstance(dp.normalize, str):
+        den = jnp.float32(dp.normalize)
+    released = release_loss(
+        per, b.mask, client_state.loss_clip, fc.loss_noise_multiplier,
+        jax.random.fold_in(lkey, KeyTag.FEDFDP_LOSS_NOISE), den)
+    new_clip = (jnp.maximum(released, fc.loss_clip_floor) if fc.adaptive_loss_clip
+                else client_state.loss_clip)
+    n = data.train.counts[cid].astype(jnp.float32)
+    delta = jax.tree.map(jnp.subtract, w_k, w)
+    metrics = {"loss": loss, "released_loss": released, "num_examples": n, **dpm}
+    return ClientResult(FedFDPClientState(new_clip), delta, n, metrics)
+
+
 def fedfdp(
     model: Model,
     *,
@@ -70,8 +133,8 @@ def fedfdp(
     loss_clip: float | jax.Array = 2.5,
     loss_noise_multiplier: float | jax.Array = 5.0,
     sampling_rate: float | jax.Array = 0.05,
-    client_lr: float | jax.Array = 1.0,
-    num_local_steps: int = 1,
+    client_lr: float | jax.Array = 0.1,
+    num_local_steps: int = 10,
     weighting: str = "per_sample",
     fair_clip: str = "sign_preserving",
     normalize: str | float = "realized",
@@ -80,18 +143,19 @@ def fedfdp(
     max_batch_size: int | None = None,
     clip_method: str = "auto",
     chunk_size: int | None = None,
-    cohort_size: int | None = None,
-    cohort: str = "full",
+    cohort_size: int = 10,
+    cohort: str = "uniform",
     attack=None,
     malicious=None,
-    engine: EngineConfig | None = None,
-    unroll: int | bool | None = None,
 ) -> Algorithm:
     """FedFDP (Algorithm 2 of the paper, as reconstructed in docs/privacy.md).
 
-    Defaults are the spec's recommendations (§8.2): q = 0.05, C = 0.1,
-    sigma = 2, C_loss = 2.5, sigma_loss = 5, lr = 1, lam = 0.1, one local step,
-    every client every round. Privacy (per client, sample level): account with
+    The paper leaves the values blank; the authors' code
+    (github.com/one1Mouth/FedFDP) uses q = 0.05, C = 0.1, sigma = 2,
+    C_loss = 2.5, sigma_loss = 5, lam = 0.1 (this factory's defaults) and
+    lr = 1, one local step, every client every round (set by the FedFDP
+    presets: ``client_lr``, ``num_local_steps`` and ``cohort`` keep the
+    package's shared defaults here). Privacy (per client, sample level): account with
     ``privacy.fedfdp_event(q, sigma, rounds, sigma_loss, num_local_steps)``.
 
     Args:
@@ -119,7 +183,6 @@ def fedfdp(
         engine applies to the uploads of the clients flagged in the
         ``[num_clients]`` bool mask (after their DP noise: the attacker controls
         what it sends).
-      engine, unroll: execution.
     """
     check_choice("weighting", weighting, WEIGHTINGS)
     check_nonnegative("lam", lam)
@@ -131,14 +194,11 @@ def fedfdp(
     check_int("num_local_steps", num_local_steps, lo=1)
     check_int("max_batch_size", max_batch_size, lo=1, allow_none=True)
     check_int("chunk_size", chunk_size, lo=1, allow_none=True)
-    check_unroll(unroll)
     check_choice("adaptive_loss_clip", adaptive_loss_clip, (True, False))
     dp = make_dp_config(clip, noise_multiplier, "poisson", sampling_rate,
                         max_batch_size, normalize, clip_method, chunk_size, fair_clip)
     if cohort != "full":
         check_cohort(cohort_size, cohort)
-    unroll = default_unroll(num_local_steps) if unroll is None else unroll
-    engine = engine or EngineConfig()
 
     def init(key, data):
         check_malicious(malicious, data.num_clients)
@@ -147,41 +207,9 @@ def fedfdp(
         return AlgorithmState(FedFDPServerState(params, jnp.zeros((), jnp.float32)),
                               FedFDPClientState(c0), jnp.zeros((), jnp.int32))
 
-    def weight_fn(fhat):
-        def fn(losses, mask):
-            if weighting == "per_sample":
-                return 1.0 + lam * (losses - fhat)
-            mean = jnp.sum(losses * mask) / jnp.maximum(jnp.sum(mask), 1.0)
-            return jnp.full_like(losses, 1.0 + lam * (mean - fhat))
-
-        return fn
-
-    def client_fn(server, client_state, cid, key, data):
-        w = server.params
-        w_k, loss, dpm = dp_local_train(
-            model, w, data.train, cid, key, lr=client_lr, num_steps=num_local_steps,
-            batch_size=1, sampling="poisson", dp=dp, unroll=unroll,
-            weight_fn=weight_fn(server.fhat))
-        # the loss of the updated model on a fresh Poisson batch, privatized
-        lkey = jax.random.fold_in(key, KeyTag.FEDFDP_LOSS)
-        rows, mask, _ = dp_batches(data.train, cid, lkey, num_steps=1, batch_size=1,
-                                   sampling="poisson", dp=dp)
-        b = gather_batch(data.train, rows[0], mask[0])
-        per = model.loss(model.apply(w_k, b.x), b.y)
-        den = None
-        if dp.normalize == "expected":
-            den = sampling_rate * data.train.counts[cid].astype(jnp.float32)
-        elif not isinstance(dp.normalize, str):
-            den = jnp.float32(dp.normalize)
-        released = release_loss(
-            per, b.mask, client_state.loss_clip, loss_noise_multiplier,
-            jax.random.fold_in(lkey, KeyTag.FEDFDP_LOSS_NOISE), den)
-        new_clip = (jnp.maximum(released, loss_clip_floor) if adaptive_loss_clip
-                    else client_state.loss_clip)
-        n = data.train.counts[cid].astype(jnp.float32)
-        delta = jax.tree.map(jnp.subtract, w_k, w)
-        metrics = {"loss": loss, "released_loss": released, "num_examples": n, **dpm}
-        return ClientResult(FedFDPClientState(new_clip), delta, n, metrics)
+    fc = FedFDPConfig(model, client_lr, num_local_steps, dp, lam, weighting,
+                      loss_noise_multiplier, loss_clip_floor, adaptive_loss_clip,
+                      sampling_rate)
 
     def server_fn(server, updates, weights, mask, metrics, key):
         del key
@@ -191,8 +219,9 @@ def fedfdp(
         params = jax.tree.map(jnp.add, server.params, delta)
         return FedFDPServerState(params, fhat), {"server/fhat": fhat}
 
-    step = round_step(client_fn, server_fn, cohort_size=cohort_size, cohort=cohort,
-                      engine=engine, linear_weights=lambda w, mask: mask * w,
+    step = round_step(functools.partial(fedfdp_client, fc), server_fn,
+                      cohort_size=cohort_size, cohort=cohort,
+                      linear_weights=lambda w, mask: mask * w,
                       attack=attack, malicious=malicious)
 
     def eval_models(state, data, key):
@@ -206,19 +235,19 @@ def fedfair(
     *,
     lam: float | jax.Array = 0.1,
     sampling_rate: float | jax.Array = 0.05,
-    client_lr: float | jax.Array = 1.0,
-    num_local_steps: int = 1,
+    client_lr: float | jax.Array = 0.1,
+    num_local_steps: int = 10,
     weighting: str = "batch",
     **kwargs,
 ) -> Algorithm:
-    """FedFair (Algorithm 1, spec §3): non-private FedFDP. Each client takes
+    """FedFair (Ling et al. 2024, Alg. 1): non-private FedFDP. Each client takes
     ``w - lr (1 + lam (L_k - F_hat)) grad L_k`` on a Poisson batch (``L_k`` the
     batch-mean loss; ``weighting='per_sample'`` weights every example instead)
     and uploads the exact mean loss of the updated model on a fresh Poisson
     batch. This is the paper's intended semantics (the released code's
-    non-private branch is effectively FedAvg, spec §3).
+    non-private branch is effectively FedAvg).
 
-    ``kwargs`` go to :func:`fedfdp` (e.g. ``normalize``, ``engine``)."""
+    ``kwargs`` go to :func:`fedfdp` (e.g. ``normalize``)."""
     for k in ("clip", "noise_multiplier", "loss_clip", "loss_noise_multiplier"):
         if k in kwargs:
             raise ValueError(f"{k}: FedFair is non-private; use fedfdp")

@@ -9,6 +9,7 @@ contradicts itself: docs/fedplus.md.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -21,8 +22,8 @@ from fedjax_pfl.core import (
     Algorithm,
     AlgorithmState,
     ClientResult,
-    EngineConfig,
     KeyTag,
+    LocalConfig,
     ModelView,
     client_loss,
     federated_round,
@@ -58,7 +59,7 @@ class FedPlusClientState(NamedTuple):
     Attributes:
       params: the personal model ``w_k`` (starts at ``w~^0``).
       trained: whether the party has run Local-Solve at least once (a party
-        never sampled is evaluated with the global model, spec §10.11).
+        never sampled is evaluated with the global model; docs/fedplus.md, decision 7).
       sent: the model the server holds for this party, ``w~^t + upload`` (the
         attacked one for a malicious party); only kept when an attack is set
         and ``agg_set='all'`` (else ``()``: the server's copy IS ``params``).
@@ -106,18 +107,66 @@ def _check_steps_per_client(steps, num_local_steps, num_clients=None):
                          f"({num_clients}), got shape {arr.shape}")
 
 
+class FedPlusConfig(NamedTuple):
+    """A Fed+ run's client-side settings (see :func:`fedplus`): the model, the
+    :class:`LocalConfig`, ``psi``, ``delta``, ``sigma``, ``init_mix``, the
+    stragglers' ``[N]`` step counts (or None), the attack and malicious mask,
+    whether the attacked uploads are kept (``agg_set='all'`` under attack)
+    and whether the aggregator reads the round-start losses."""
+
+    model: Model
+    cfg: LocalConfig
+    psi: str
+    delta: float | jax.Array
+    sigma: float | jax.Array
+    init_mix: float | jax.Array
+    steps_per_client: jax.Array | None
+    attack: object
+    malicious: jax.Array | None
+    keep_sent: bool
+    needs_losses: bool
+
+
+def fedplus_client(fc: FedPlusConfig, server: FedPlusServerState,
+                   state: FedPlusClientState, cid, key, data, *,
+                   cohort_size) -> ClientResult:
+    """Fed+'s Local-Solve for ONE party (Algorithm 1): the offset
+    ``theta = prox_Psi(w_k - w~)``, the anchor ``z = w~ + theta``, local SGD
+    from ``(1 - init_mix) w_k + init_mix w~`` on ``f_k(w) + sigma/2 ||w - z||^2``
+    (:func:`fedplus_sgd`); uploads ``w_k - w~`` (attacked if malicious)."""
+    model, cfg = fc.model, fc.cfg
+    w_t, w_k = server.params, state.params
+    theta = prox(fc.psi, jax.tree.map(jnp.subtract, w_k, w_t), fc.delta)
+    z = jax.tree.map(jnp.add, w_t, theta)
+    w0 = jax.tree.map(lambda a, b: (1.0 - fc.init_mix) * a + fc.init_mix * b, w_k,
+                      w_t)
+    active = None if fc.steps_per_client is None else fc.steps_per_client[cid]
+    w_new, loss = run_local(model, w0, data, cid, key, cfg, active_steps=active,
+                            optimizer=fedplus_sgd(cfg.lr, fc.sigma, z))
+    upload = jax.tree.map(jnp.subtract, w_new, w_t)
+    if fc.attack is not None:
+        upload = attack_delta(fc.attack, fc.malicious, key, upload, cid, cohort_size)
+    sent = jax.tree.map(jnp.add, w_t, upload) if fc.keep_sent else ()
+    metrics = {"loss": loss, "offset_norm": optax.tree.norm(theta)}
+    if fc.needs_losses:
+        metrics["round_start_loss"] = client_loss(model, w_t, data.train, cid)
+    n = data.train.counts[cid].astype(jnp.float32)
+    return ClientResult(FedPlusClientState(w_new, jnp.ones((), bool), sent),
+                        upload, n, metrics)
+
+
 def fedplus(
     model: Model,
     *,
     psi: str = "l2",
     delta: float | jax.Array = 0.1,
     sigma: float | jax.Array,
-    client_lr: float | jax.Array = 0.02,
+    client_lr: float | jax.Array = 0.1,
     num_local_steps: int | None = None,
     local_steps_per_client=None,
     local_epochs: float | None = None,
     init_mix: float | jax.Array = 0.0,
-    batch_size: int = 20,
+    batch_size: int = 32,
     cohort_size: int = 10,
     cohort: str = "uniform",
     sampling: str = "with_replacement",
@@ -126,12 +175,10 @@ def fedplus(
     agg_method: str = "irls",
     agg_iters: int | None = None,
     agg_tol: float = 1e-6,
-    weighted: bool = False,
+    weighted: bool = True,
     aggregator: Aggregator | None = None,
     attack=None,
     malicious=None,
-    engine: EngineConfig | None = None,
-    unroll: int | bool | None = None,
 ) -> Algorithm:
     """Fed+ (Algorithm 1): persistent personal models, a Moreau-envelope aggregate.
 
@@ -164,8 +211,8 @@ def fedplus(
       sigma: the coupling ``sigma >= 0`` (may be traced; ``0`` gives ``kappa = 1``).
       client_lr: the local step size ``eta`` (may be traced).
       num_local_steps: ``E``, local iterations per round; with
-        ``local_steps_per_client`` the static bound (default: their max, else 20,
-        the paper's §5.1 value).
+        ``local_steps_per_client`` the static bound (default: their max, else 10;
+        the paper's §5.1 takes 20, as the ``fedplus-table2`` preset does).
       local_steps_per_client: optional ``[num_clients]`` ints ``E_k`` in
         ``[1, num_local_steps]`` (stragglers): steps past ``E_k`` are no-ops.
       local_epochs: count local work in epochs instead (``ceil(epochs n_k / B)``
@@ -179,14 +226,13 @@ def fedplus(
       agg_method, agg_iters, agg_tol, weighted: the Moreau aggregator's
         iteration (``'irls'``: smoothed Weiszfeld, ~20 iterations; ``'paper'``:
         eq. 25, needs about distance/delta iterations), its cap and tolerance,
-        and whether parties weigh by their number of training examples (the
-        paper: unweighted).
+        and whether parties weigh by their number of training examples (default
+        True; the paper's means are unweighted, as the preset sets).
       aggregator: any :class:`Aggregator` of the uploads, replacing the Moreau
         one (e.g. ``aggregators.mean()`` or a robust rule); the local prox still
         uses ``psi``.
       attack, malicious: an update attack on the uploads of the parties flagged
         in the ``[num_clients]`` bool mask (as in ``fedavg``).
-      engine, unroll: execution (see ``fedavg``).
 
     Returns:
       An :class:`Algorithm` with ``FedPlusServerState``/``FedPlusClientState``
@@ -214,12 +260,11 @@ def fedplus(
         if num_local_steps is None:
             num_local_steps = int(np.max(np.asarray(local_steps_per_client)))
         _check_steps_per_client(local_steps_per_client, num_local_steps)
-    num_local_steps = 20 if num_local_steps is None else num_local_steps
-    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll,
+    num_local_steps = 10 if num_local_steps is None else num_local_steps
+    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling,
                        local_epochs, drop_last=drop_last)
     check_cohort(cohort_size, cohort)
     mal = malicious_mask(attack, malicious)
-    engine = engine or EngineConfig()
     agg = aggregator or moreau(psi, delta, method=agg_method, num_iters=agg_iters,
                                tol=agg_tol, weighted=weighted)
     if agg.needs_losses and agg_set == "all":
@@ -245,24 +290,8 @@ def fedplus(
         return AlgorithmState(FedPlusServerState(params, agg.init(params)), clients,
                               jnp.zeros((), jnp.int32))
 
-    def client_fn(server, state: FedPlusClientState, cid, key, data, m):
-        w_t, w_k = server.params, state.params
-        theta = prox(psi, jax.tree.map(jnp.subtract, w_k, w_t), delta)
-        z = jax.tree.map(jnp.add, w_t, theta)
-        w0 = jax.tree.map(lambda a, b: (1.0 - init_mix) * a + init_mix * b, w_k, w_t)
-        active = None if e_k is None else e_k[cid]
-        w_new, loss = run_local(model, w0, data, cid, key, cfg, active_steps=active,
-                                optimizer=fedplus_sgd(cfg.lr, sigma, z))
-        upload = jax.tree.map(jnp.subtract, w_new, w_t)
-        if attack is not None:
-            upload = attack_delta(attack, mal, key, upload, cid, m)
-        sent = jax.tree.map(jnp.add, w_t, upload) if keep_sent else ()
-        metrics = {"loss": loss, "offset_norm": optax.tree.norm(theta)}
-        if agg.needs_losses:
-            metrics["round_start_loss"] = client_loss(model, w_t, data.train, cid)
-        n = data.train.counts[cid].astype(jnp.float32)
-        return ClientResult(FedPlusClientState(w_new, jnp.ones((), bool), sent),
-                            upload, n, metrics)
+    fc = FedPlusConfig(model, cfg, psi, delta, sigma, init_mix, e_k, attack, mal,
+                       keep_sent, agg.needs_losses)
 
     def server_step(server, updates, weights, mask, key, losses=None):
         step, agg_state = agg.aggregate(server.agg_state, updates, weights, mask, key,
@@ -276,8 +305,7 @@ def fedplus(
         check_data(num_clients)
         m = resolve_cohort_size(cohort_size, cohort, num_clients)
 
-        def one(server, state, cid, key, data):
-            return client_fn(server, state, cid, key, data, m)
+        one = functools.partial(fedplus_client, fc, cohort_size=m)
 
         if agg_set == "sampled":
             def server_fn(server, updates, weights, mask, metrics, key):
@@ -285,14 +313,14 @@ def fedplus(
                                    metrics.get("round_start_loss"))
 
             return federated_round(one, server_fn, cohort_size=m, cohort=cohort,
-                                   engine=engine, linear_weights=agg.linear_weights)
+                                   linear_weights=agg.linear_weights)
 
         # 'all': the engine only sees the cohort, so the round runs Local-Solve on
         # the cohort (server untouched) and then aggregates the stack of all N
         # parties' current models. The cohort's uploads are streamed (never
         # stacked) only so that the engine's non-finite check still runs.
         inner = federated_round(one, lambda server, *_: (server, {}), cohort_size=m,
-                                cohort=cohort, engine=engine,
+                                cohort=cohort,
                                 linear_weights=lambda weights, mask: mask)
 
         def round_step(state, data, key):

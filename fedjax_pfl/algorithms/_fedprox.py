@@ -14,7 +14,6 @@ import optax
 from fedjax_pfl.aggregators import Aggregator
 from fedjax_pfl.core import (
     Algorithm,
-    EngineConfig,
     ModelView,
     make_local_config,
     prox_penalty,
@@ -49,8 +48,6 @@ def fedprox(
     finetune_steps: int | tuple[int, ...] = 0,
     finetune_lr: float | jax.Array | None = None,
     finetune_lam: float | jax.Array = 0.0,
-    engine: EngineConfig | None = None,
-    unroll: int | bool | None = None,
 ) -> Algorithm:
     """FedProx: every selected client k approximately minimizes
     ``h_k(w) = F_k(w) + mu/2 ||w - w^t||^2`` with ``num_local_steps`` SGD steps
@@ -72,7 +69,6 @@ def fedprox(
       attack, malicious: an update attack and the ``[num_clients]`` mask of
         malicious clients, applied to the uploads.
       finetune_steps, finetune_lr, finetune_lam: finetuning evaluation views.
-      engine, unroll: execution (see ``fedavg``).
 
     Raises:
       ValueError: ``mu`` negative or not finite, or any ``fedavg`` argument
@@ -81,11 +77,10 @@ def fedprox(
     check_nonnegative("mu", mu)
     if jnp.ndim(mu) != 0:
         raise ValueError(f"mu: must be a scalar, got shape {jnp.shape(mu)}")
-    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll,
+    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling,
                        local_epochs)
     check_cohort(cohort_size, cohort)
     ft_cfg = make_finetune_config(cfg, finetune_steps, finetune_lr, finetune_lam)
-    engine = engine or EngineConfig()
     solver = global_solver(model, cfg, aggregator=aggregator, weighted=weighted,
                            server_optimizer=server_optimizer,
                            attack=attack, malicious=malicious,
@@ -93,10 +88,9 @@ def fedprox(
 
     def eval_models(state, data, key):
         out = {"global": ModelView(model, state.server.params, False)}
-        out.update(finetune_views(model, state.server.params, data, key, ft_cfg,
-                                  engine))
+        out.update(finetune_views(model, state.server.params, data, key, ft_cfg))
         return out
 
     return stateless_algorithm(solver, solver.client_update, eval_models,
-                               cohort_size=cohort_size, cohort=cohort, engine=engine,
+                               cohort_size=cohort_size, cohort=cohort,
                                malicious=malicious)

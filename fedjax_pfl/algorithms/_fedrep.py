@@ -63,8 +63,6 @@ def fedrep(
     weighted: bool = True,
     attack=None,
     malicious=None,
-    engine: tk.EngineConfig | None = None,
-    unroll: int | bool | None = None,
 ) -> tk.Algorithm:
     """FedRep (Collins et al. 2021, Algorithm 1).
 
@@ -87,7 +85,7 @@ def fedrep(
       head_steps, head_epochs, head_lr: the head's (default: the body's; the
         paper trains the head for 10 epochs and the body for 1).
       batch_size, cohort_size, cohort, sampling, drop_last, local_optimizer,
-        server_optimizer, aggregator, weighted, engine, unroll: as in
+        server_optimizer, aggregator, weighted: as in
         :func:`fedjax_pfl.algorithms.fedavg`.
       attack, malicious: an update attack on the body uploads of the clients
         flagged in the ``[num_clients]`` bool mask (applied by the engine).
@@ -102,16 +100,16 @@ def fedrep(
     if head_lr is not None:
         check_positive("head_lr", head_lr)
     cfg = tk.make_local_config(client_lr, num_local_steps, batch_size, sampling,
-                               unroll, local_epochs, drop_last=drop_last,
+                               local_epochs, drop_last=drop_last,
                                optimizer=local_optimizer)
     inherit = head_steps is None and head_epochs is None
     head_cfg = tk.make_local_config(
         client_lr if head_lr is None else head_lr,
         num_local_steps if head_steps is None else head_steps, batch_size, sampling,
-        unroll, local_epochs if inherit else head_epochs, drop_last=drop_last,
+        local_epochs if inherit else head_epochs, drop_last=drop_last,
         optimizer=local_optimizer)
     return tk.layer_split_algorithm(
         model, head, 0, functools.partial(client_update, model, head_cfg, cfg), cfg,
         aggregator=aggregator, weighted=weighted, server_optimizer=server_optimizer,
-        cohort_size=cohort_size, cohort=cohort, engine=engine, attack=attack,
+        cohort_size=cohort_size, cohort=cohort, attack=attack,
         malicious=malicious)

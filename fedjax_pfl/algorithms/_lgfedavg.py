@@ -54,8 +54,6 @@ def lg_fedavg(
     weighted: bool = True,
     attack=None,
     malicious=None,
-    engine: tk.EngineConfig | None = None,
-    unroll: int | bool | None = None,
 ) -> tk.Algorithm:
     """LG-FedAvg (Liang et al. 2020, Algorithm 1).
 
@@ -77,7 +75,7 @@ def lg_fedavg(
         everything (FedAvg); ``()`` makes it local training.
       client_lr, num_local_steps, local_epochs, batch_size, cohort_size, cohort,
         sampling, drop_last, local_optimizer, server_optimizer, aggregator,
-        weighted, engine, unroll: as in :func:`fedjax_pfl.algorithms.fedavg`.
+        weighted: as in :func:`fedjax_pfl.algorithms.fedavg`.
       attack, malicious: an update attack on the head uploads of the clients
         flagged in the ``[num_clients]`` bool mask (applied by the engine).
 
@@ -86,10 +84,10 @@ def lg_fedavg(
     """
     head = tk.check_layers(model, head_layers, name="head_layers")
     cfg = tk.make_local_config(client_lr, num_local_steps, batch_size, sampling,
-                               unroll, local_epochs, drop_last=drop_last,
+                               local_epochs, drop_last=drop_last,
                                optimizer=local_optimizer)
     return tk.layer_split_algorithm(
         model, head, 1, functools.partial(client_update, model, cfg), cfg,
         aggregator=aggregator, weighted=weighted, server_optimizer=server_optimizer,
-        cohort_size=cohort_size, cohort=cohort, engine=engine, attack=attack,
+        cohort_size=cohort_size, cohort=cohort, attack=attack,
         malicious=malicious)

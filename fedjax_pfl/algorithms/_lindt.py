@@ -9,6 +9,7 @@ the paper leaves open: docs/lindt.md.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -21,14 +22,13 @@ from fedjax_pfl.core import (
     Algorithm,
     AlgorithmState,
     ClientResult,
-    EngineConfig,
     KeyTag,
+    LocalConfig,
     ModelView,
     client_keys,
     client_steps,
-    default_unroll,
-    lift,
     make_local_config,
+    resolve_unroll,
     run_local,
     run_steps,
     tree_broadcast,
@@ -48,6 +48,7 @@ from fedjax_pfl.privacy import clip_updates, gaussian_noise
 from fedjax_pfl.toolkit import (
     check_cohort,
     check_malicious,
+    lift_clients,
     round_step,
 )
 from fedjax_pfl.validation import (
@@ -88,6 +89,166 @@ class LindtClientState(NamedTuple):
     has_local: jax.Array
 
 
+class LindtConfig(NamedTuple):
+    """A LINDT run's client-side settings (see :func:`lindt`): the dual model,
+    the local :class:`LocalConfig`, the lr decay, whether the dual model is in
+    play (``mode != 'off'``), ``v_init``, the score variant, ``stop_gradient``,
+    ``grad_clip``, the ``[N]`` malicious mask (or None) and its step
+    multiplier."""
+
+    dual: DualModel
+    cfg: LocalConfig
+    lr_decay: float | jax.Array
+    use_dual: bool
+    v_init: str
+    score_variant: str
+    stop_gradient: bool
+    grad_clip: float | None
+    malicious: jax.Array | None
+    malicious_multiplier: int
+
+
+def _clip_grads(g, grad_clip):
+    if grad_clip is None:
+        return g
+    norm = optax.tree.norm(g)
+    return jax.tree.map(lambda a: a * jnp.minimum(1.0, grad_clip / jnp.maximum(
+        norm, 1e-12)).astype(a.dtype), g)
+
+
+def _sgd(p, g, lr):  # optax.sgd's arithmetic (FedAvg bit for bit)
+    return jax.tree.map(lambda a, b: a + b * (-lr), p, g)
+
+
+def plain_step(lc: LindtConfig, lr, p, v, b):
+    """One SGD step of the global copy alone (the dual model off); ``v`` is
+    carried unchanged. Returns ``(p, v, loss, 0, zero scores)``."""
+    loss, g = jax.value_and_grad(
+        lambda q: batch_loss(lc.dual.model, q, b.x, b.y, b.mask))(p)
+    zeros = jnp.zeros((len(lc.dual.layers) - 1,))
+    return (_sgd(p, _clip_grads(g, lc.grad_clip), lr), v, loss,
+            jnp.zeros((), loss.dtype), zeros)
+
+
+def joint_step(lc: LindtConfig, lr, p, v, b):
+    """One SGD step of the dual model (Eq. 8-10): the global copy ``p`` and
+    the local model ``v`` on ``L(global) + L(dual)``. Returns ``(p, v, global
+    loss, dual loss, per-tap scores)``."""
+    model = lc.dual.model
+
+    def objective(pw, pv):
+        g, out, s = dual_apply(lc.dual, pw, pv, b.x, variant=lc.score_variant,
+                               stop_gradient=lc.stop_gradient)
+        den = jnp.maximum(jnp.sum(b.mask), 1.0)
+        lg = jnp.sum(model.loss(g, b.y) * b.mask) / den
+        ll = jnp.sum(model.loss(out, b.y) * b.mask) / den
+        return lg + ll, (lg, ll, jnp.sum(s * b.mask, axis=1) / den)
+
+    (_, (lg, ll, s)), (gw, gv) = jax.value_and_grad(
+        objective, argnums=(0, 1), has_aux=True)(p, v)
+    gw, gv = _clip_grads((gw, gv), lc.grad_clip)
+    return _sgd(p, gw, lr), _sgd(v, gv, lr), lg, ll, s
+
+
+def lindt_client(lc: LindtConfig, server: LindtServerState, cstate: LindtClientState,
+                 cid, key, data) -> ClientResult:
+    """LINDT's kernel for ONE client (Alg. 2, client side): local steps from
+    ``w`` at the decayed lr (a malicious client takes ``malicious_multiplier``
+    times as many), joint with its local model while the dual model is on
+    (:func:`joint_step`, else :func:`plain_step`); uploads ``w_k - w``."""
+    cfg, w = lc.cfg, server.params
+    lr = cfg.lr * lc.lr_decay ** server.round.astype(jnp.float32)
+    num_steps, active = client_steps(cfg, data.train, cid)
+    if lc.malicious is not None and lc.malicious_multiplier > 1:
+        active = (jnp.int32(num_steps) if active is None else active) * jnp.where(
+            lc.malicious[cid], lc.malicious_multiplier, 1)
+        num_steps = num_steps * lc.malicious_multiplier
+    rows, masks = client_batch_indices(data.train, cid, key, num_steps=num_steps,
+                                       batch_size=cfg.batch_size,
+                                       sampling=cfg.sampling, drop_last=cfg.drop_last)
+    v0 = cstate.local
+    if lc.use_dual and lc.v_init == "copy_global":
+        v0 = jax.tree.map(lambda a, b: jnp.where(cstate.has_local, a, b), v0, w)
+
+    def step(carry, inputs):
+        b = gather_batch(data.train, *inputs)
+        if lc.use_dual:
+            out = jax.lax.cond(server.dual_on, functools.partial(joint_step, lc, lr),
+                               functools.partial(plain_step, lc, lr), *carry, b)
+        else:
+            out = plain_step(lc, lr, *carry, b)
+        return out[:2], out[2:]
+
+    (w_k, v), (loss_sum, lloss_sum, score_sum), cnt = run_steps(
+        step, (w, v0), (rows, masks), unroll=resolve_unroll(cfg.unroll, num_steps),
+        active_steps=active)
+    cnt = jnp.maximum(jnp.asarray(cnt, jnp.float32), 1.0)
+    metrics = {"loss": loss_sum / cnt, "local_loss": lloss_sum / cnt}
+    for t, name in enumerate(lc.dual.names):
+        metrics[f"score_{name}"] = score_sum[t] / cnt
+    new_state = cstate
+    if lc.use_dual:
+        local = jax.tree.map(lambda a, b: jnp.where(server.dual_on, a, b), v,
+                             cstate.local)
+        new_state = LindtClientState(local, cstate.has_local | server.dual_on)
+    return ClientResult(new_state, jax.tree.map(jnp.subtract, w_k, w),
+                        data.train.counts[cid].astype(jnp.float32), metrics)
+
+
+def lindt_server(aggregator: Aggregator, clip, noise_std, no_noise: bool, eps,
+                 r_prime, server: LindtServerState, updates, weights, mask, metrics,
+                 key):
+    """LINDT's server step: the cohort's clipped uploads aggregated, plus
+    Gaussian noise (Eq. 4), then the detector's statistic
+    ``Delta = W_div - ||noise||`` (Eq. 5-7) and its update."""
+    clipped, _ = clip_updates(updates, clip)
+    agg, agg_state = aggregator.aggregate(server.agg_state, clipped, weights, mask,
+                                          key)
+    if no_noise:  # a concrete sigma = 0: skip the draw (and its compile time)
+        noise = jax.tree.map(jnp.zeros_like, agg)
+    else:
+        noise = gaussian_noise(jax.random.fold_in(key, KeyTag.LINDT_NOISE), agg,
+                               noise_std)
+    change = jax.tree.map(jnp.add, agg, noise)
+    w_div = divergence_from_updates(updates, change, mask)
+    noise_norm = optax.tree.norm(noise)
+    delta = w_div - noise_norm
+    det = detector_update(server.detector, delta, server.round + 1, eps=eps,
+                          r_prime=r_prime)
+    new = server._replace(params=jax.tree.map(jnp.add, server.params, change),
+                          agg_state=agg_state, detector=det, round=server.round + 1)
+    return new, {"nfl/delta": delta, "nfl/w_div": w_div,
+                 "nfl/noise_norm": noise_norm, "nfl/count": det.count,
+                 "nfl/detected": det.detected, "nfl/detect_round": det.detect_round,
+                 "server/update_norm": optax.tree.norm(agg)}
+
+
+def stopping_rule(stop: str, has_local: jax.Array, detector: DetectorState,
+                  stop_streak: int) -> jax.Array:
+    """Whether a stopping strategy (§5.3, App. C.7) ends dual training now:
+    ``never``; ``all_trained_once`` (every client has trained its local
+    model); ``delta_below`` (the detector's statistic stayed below its
+    threshold ``stop_streak`` rounds running)."""
+    if stop == "all_trained_once":
+        return jnp.all(has_local)
+    if stop == "delta_below":
+        return detector.below >= stop_streak
+    return jnp.zeros((), bool)
+
+
+def transitions(mode: str, stop: str, stop_streak: int,
+                state: AlgorithmState) -> AlgorithmState:
+    """The end-of-round switches: the dual model turns on at detection
+    (``mode='detect'``; always on with ``'always'``, never with ``'off'``) and
+    off for good when :func:`stopping_rule` fires while it is on."""
+    s = state.server
+    on = s.dual_on | (s.detector.detected if mode == "detect" else False)
+    crit = stopping_rule(stop, state.clients.has_local, s.detector, stop_streak)
+    stopped = s.stopped | (s.dual_on & crit)
+    on = on & ~stopped & (mode != "off")
+    return state._replace(server=s._replace(dual_on=on, stopped=stopped))
+
+
 def lindt(
     dual: DualModel,
     *,
@@ -96,7 +257,7 @@ def lindt(
     lr_decay: float | jax.Array = 1.0,
     num_local_steps: int = 10,
     local_epochs: float | None = None,
-    batch_size: int = 10,
+    batch_size: int = 32,
     sampling: str = "with_replacement",
     cohort_size: int = 10,
     cohort: str = "uniform",
@@ -116,8 +277,6 @@ def lindt(
     grad_clip: float | None = None,
     finetune_top_steps: int = 0,
     finetune_top_lr: float | jax.Array | None = None,
-    engine: EngineConfig | None = None,
-    unroll: int | bool | None = None,
 ) -> Algorithm:
     """LINDT (Alg. 2): FedAvg with DP, the NFL detector, and the dual model.
 
@@ -166,7 +325,6 @@ def lindt(
       finetune_top_steps, finetune_top_lr: with steps > 0 an ``fb`` view: every
         client finetunes the top layer of ``w`` (FB baseline; lr default
         ``client_lr``).
-      engine, unroll: execution (see ``fedavg``).
 
     Evaluated models: ``global`` (w) and, unless ``mode='off'``, ``personal``:
     the dual model's local head with the current ``w`` for clients that have a
@@ -176,7 +334,7 @@ def lindt(
     check_choice("stop", stop, STOP_STRATEGIES)
     check_choice("v_init", v_init, V_INITS)
     check_choice("score_variant", score_variant, SCORE_VARIANTS)
-    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll,
+    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling,
                        local_epochs)
     check_cohort(cohort_size, cohort)
     check_positive("lr_decay", lr_decay)
@@ -192,7 +350,6 @@ def lindt(
         check_positive("grad_clip", grad_clip)
     if finetune_top_lr is not None:
         check_positive("finetune_top_lr", finetune_top_lr)
-    engine = engine or EngineConfig()
     aggregator = aggregator or mean(weighted=False)
     model = dual.model
     mal = None if malicious is None else jnp.asarray(malicious, bool)
@@ -216,130 +373,18 @@ def lindt(
         return AlgorithmState(server, LindtClientState(local, jnp.zeros((n,), bool)),
                               jnp.zeros((), jnp.int32))
 
-    def steps_of(data, cid):
-        """(static step bound, this client's step count or None, unroll)."""
-        base, active = client_steps(cfg, data.train, cid)
-        if mal is not None and malicious_multiplier > 1:
-            active = (jnp.int32(base) if active is None else active) * jnp.where(
-                mal[cid], malicious_multiplier, 1)
-            base = base * malicious_multiplier
-        un = cfg.unroll if cfg.unroll is not None else default_unroll(base)
-        return base, active, un
-
-    def clip_grads(g):
-        if grad_clip is None:
-            return g
-        norm = optax.tree.norm(g)
-        return jax.tree.map(lambda a: a * jnp.minimum(1.0, grad_clip / jnp.maximum(
-            norm, 1e-12)).astype(a.dtype), g)
-
-    def sgd(p, g, lr):  # optax.sgd's arithmetic (FedAvg bit for bit)
-        return jax.tree.map(lambda a, b: a + b * (-lr), p, g)
-
-    num_taps = len(dual.layers) - 1
-
-    def client_fn(server, cstate, cid, key, data):
-        w = server.params
-        lr = cfg.lr * lr_decay ** server.round.astype(jnp.float32)
-        num_steps, active, un = steps_of(data, cid)
-        rows, masks = client_batch_indices(data.train, cid, key, num_steps=num_steps,
-                                           batch_size=cfg.batch_size,
-                                           sampling=cfg.sampling,
-                                           drop_last=cfg.drop_last)
-        v0 = cstate.local
-        if use_dual and v_init == "copy_global":
-            v0 = jax.tree.map(lambda a, b: jnp.where(cstate.has_local, a, b), v0, w)
-
-        def plain(p, v, b):
-            loss, g = jax.value_and_grad(
-                lambda q: batch_loss(model, q, b.x, b.y, b.mask))(p)
-            zero = jnp.zeros((), loss.dtype)
-            return sgd(p, clip_grads(g), lr), v, loss, zero, jnp.zeros((num_taps,))
-
-        def joint(p, v, b):
-            def objective(pw, pv):
-                g, out, s = dual_apply(dual, pw, pv, b.x, variant=score_variant,
-                                       stop_gradient=stop_gradient)
-                den = jnp.maximum(jnp.sum(b.mask), 1.0)
-                lg = jnp.sum(model.loss(g, b.y) * b.mask) / den
-                ll = jnp.sum(model.loss(out, b.y) * b.mask) / den
-                return lg + ll, (lg, ll, jnp.sum(s * b.mask, axis=1) / den)
-
-            (_, (lg, ll, s)), (gw, gv) = jax.value_and_grad(
-                objective, argnums=(0, 1), has_aux=True)(p, v)
-            gw, gv = clip_grads((gw, gv))
-            return sgd(p, gw, lr), sgd(v, gv, lr), lg, ll, s
-
-        def step(carry, inputs):
-            p, v = carry
-            b = gather_batch(data.train, *inputs)
-            if use_dual:
-                out = jax.lax.cond(server.dual_on, joint, plain, p, v, b)
-            else:
-                out = plain(p, v, b)
-            return out[:2], out[2:]
-
-        (w_k, v), (loss_sum, lloss_sum, score_sum), cnt = run_steps(
-            step, (w, v0), (rows, masks), unroll=un, active_steps=active)
-        cnt = jnp.maximum(jnp.asarray(cnt, jnp.float32), 1.0)
-        metrics = {"loss": loss_sum / cnt, "local_loss": lloss_sum / cnt}
-        for t, name in enumerate(dual.names):
-            metrics[f"score_{name}"] = score_sum[t] / cnt
-        delta = jax.tree.map(jnp.subtract, w_k, w)
-        if use_dual:
-            dual_on = server.dual_on
-            local = jax.tree.map(lambda a, b: jnp.where(dual_on, a, b), v, cstate.local)
-            new_state = LindtClientState(local, cstate.has_local | dual_on)
-        else:
-            new_state = cstate
-        n = data.train.counts[cid].astype(jnp.float32)
-        return ClientResult(new_state, delta, n, metrics)
-
-    def server_fn(server, updates, weights, mask, metrics, key):
-        clipped, _ = clip_updates(updates, clip)
-        agg, agg_state = aggregator.aggregate(server.agg_state, clipped, weights, mask,
-                                              key)
-        if no_noise:  # a concrete sigma = 0: skip the draw (and its compile time)
-            noise = jax.tree.map(jnp.zeros_like, agg)
-        else:
-            noise = gaussian_noise(jax.random.fold_in(key, KeyTag.LINDT_NOISE), agg,
-                                   noise_std)
-        change = jax.tree.map(jnp.add, agg, noise)
-        params = jax.tree.map(jnp.add, server.params, change)
-        w_div = divergence_from_updates(updates, change, mask)
-        noise_norm = optax.tree.norm(noise)
-        delta = w_div - noise_norm
-        det = detector_update(server.detector, delta, server.round + 1, eps=eps,
-                              r_prime=r_prime)
-        new = server._replace(params=params, agg_state=agg_state, detector=det,
-                              round=server.round + 1)
-        out = {"nfl/delta": delta, "nfl/w_div": w_div, "nfl/noise_norm": noise_norm,
-               "nfl/count": det.count, "nfl/detected": det.detected,
-               "nfl/detect_round": det.detect_round,
-               "server/update_norm": optax.tree.norm(agg)}
-        return new, out
-
-    def transitions(state: AlgorithmState):
-        """Switching on at detection and the stopping strategies (end of round)."""
-        s = state.server
-        on = s.dual_on | (s.detector.detected if mode == "detect" else False)
-        if stop == "all_trained_once":
-            crit = jnp.all(state.clients.has_local)
-        elif stop == "delta_below":
-            crit = s.detector.below >= stop_streak
-        else:
-            crit = jnp.zeros((), bool)
-        stopped = s.stopped | (s.dual_on & crit)
-        on = on & ~stopped & use_dual
-        return state._replace(server=s._replace(dual_on=on, stopped=stopped))
-
-    inner = round_step(client_fn, server_fn, cohort_size=cohort_size, cohort=cohort,
-                       engine=engine, attack=attack, malicious=malicious)
+    lc = LindtConfig(dual, cfg, lr_decay, use_dual, v_init, score_variant,
+                     stop_gradient, grad_clip, mal, malicious_multiplier)
+    server_fn = functools.partial(lindt_server, aggregator, clip, noise_std,
+                                  no_noise, eps, r_prime)
+    inner = round_step(functools.partial(lindt_client, lc), server_fn,
+                       cohort_size=cohort_size, cohort=cohort, attack=attack,
+                       malicious=malicious)
 
     def lindt_round(state, data, key):
         check_malicious(malicious, data.num_clients)
         state, metrics = inner(state, data, key)
-        state = transitions(state)
+        state = transitions(mode, stop, stop_streak, state)
         metrics["lindt/dual_on"] = state.server.dual_on
         metrics["lindt/stopped"] = state.server.stopped
         return state, metrics
@@ -357,27 +402,25 @@ def lindt(
                 dual, w, data, jax.random.fold_in(key, KeyTag.LINDT_FB),
                 steps=finetune_top_steps,
                 lr=client_lr if finetune_top_lr is None else finetune_top_lr,
-                batch_size=cfg.batch_size, sampling=cfg.sampling, engine=engine), True)
+                batch_size=cfg.batch_size, sampling=cfg.sampling), True)
         return out
 
     return Algorithm(init, lindt_round, eval_models)
 
 
 def finetune_top(dual: DualModel, params, data, key, *, steps: int, lr,
-                 batch_size: int, sampling: str = "with_replacement",
-                 engine: EngineConfig | None = None):
+                 batch_size: int, sampling: str = "with_replacement"):
     """FB (Wang et al. 2019, as in LINDT §5.1): every client finetunes only the top
     layer (``dual.top``) of ``params`` for ``steps`` SGD steps on its training
     data. Returns the stacked ``[N, ...]`` finetuned parameters."""
-    engine = engine or EngineConfig()
     labels = {k: ("train" if k == dual.top else "freeze") for k in params}
     opt = optax.multi_transform({"train": optax.sgd(lr),
                                  "freeze": optax.set_to_zero()}, labels)
     ids = jnp.arange(data.num_clients, dtype=jnp.int32)
     keys = client_keys(key, data.key_ids)
-    cfg = make_local_config(lr, steps, batch_size, sampling, None)
+    cfg = make_local_config(lr, steps, batch_size, sampling)
 
     def one(cid, k):
         return run_local(dual.model, params, data, cid, k, cfg, optimizer=opt)[0]
 
-    return lift(one, engine.strategy, engine.map_batch_size)(ids, keys)
+    return lift_clients(one)(ids, keys)

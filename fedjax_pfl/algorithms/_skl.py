@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_pfl.aggregators import Aggregator
-from fedjax_pfl.core import Algorithm, EngineConfig, make_local_config
+from fedjax_pfl.core import Algorithm, make_local_config
 from fedjax_pfl.data import client_batch_indices, gather_batch
 from fedjax_pfl.models import Model
 from fedjax_pfl.toolkit import check_cohort, global_solver
@@ -42,18 +42,16 @@ def skl(
     local_epochs: float | None = None,
     batch_size: int = 32,
     cohort_size: int = 10,
-    cohort: str = "size_weighted",
+    cohort: str = "uniform",
     sampling: str = "with_replacement",
     aggregator: Aggregator | None = None,
-    weighted: bool = False,
+    weighted: bool = True,
     server_optimizer: optax.GradientTransformation | None = None,
     attack=None,
     malicious=None,
     finetune_steps: int = 50,
     finetune_epochs: float | None = None,
     finetune_lr: float | jax.Array | None = None,
-    engine: EngineConfig | None = None,
-    unroll: int | bool | None = None,
 ) -> Algorithm:
     """FedAvg, then every client finetunes ``w*`` with a symmetrized KL penalty.
 
@@ -76,14 +74,13 @@ def skl(
     Raises:
       ValueError: for invalid arguments (the message names the argument).
     """
-    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll,
+    cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling,
                        local_epochs)
     check_cohort(cohort_size, cohort)
     check_nonnegative("lam", lam)
     check_choice("kl_weight", kl_weight, KL_WEIGHTS)
     scale = 1.0 if kl_weight == "code" else 0.5
     ft = finetune_local_config(cfg, finetune_steps, finetune_epochs, finetune_lr)
-    engine = engine or EngineConfig()
     solver = global_solver(model, cfg, aggregator=aggregator, weighted=weighted,
                            server_optimizer=server_optimizer,
                            attack=attack, malicious=malicious)
@@ -99,6 +96,6 @@ def skl(
 
         return pen
 
-    return penalized_finetuning(model, solver, ft, engine, penalty_for,
+    return penalized_finetuning(model, solver, ft, penalty_for,
                                 cohort_size=cohort_size, cohort=cohort,
                                 malicious=malicious)

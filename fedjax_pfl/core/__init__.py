@@ -3,6 +3,7 @@
 from ._clients import COHORT_MODES as COHORT_MODES
 from ._clients import client_keys as client_keys
 from ._clients import default_strategy as default_strategy
+from ._clients import fixed_order_sum as fixed_order_sum
 from ._clients import lift as lift
 from ._clients import sample_cohort as sample_cohort
 from ._clients import tree_broadcast as tree_broadcast
@@ -18,7 +19,6 @@ from ._eval import evaluate_split as evaluate_split
 from ._eval import summarize as summarize
 from ._keys import KeyTag as KeyTag
 from ._local import LocalConfig as LocalConfig
-from ._local import check_unroll as check_unroll
 from ._local import client_loss as client_loss
 from ._local import client_steps as client_steps
 from ._local import default_unroll as default_unroll
@@ -28,10 +28,15 @@ from ._local import make_local_config as make_local_config
 from ._local import mean_over_steps as mean_over_steps
 from ._local import passes_needed as passes_needed
 from ._local import prox_penalty as prox_penalty
+from ._local import resolve_unroll as resolve_unroll
 from ._local import run_local as run_local
 from ._local import run_steps as run_steps
 from ._round import EngineConfig as EngineConfig
+from ._round import check_engine as check_engine
+from ._round import check_unroll as check_unroll
 from ._round import client_mesh as client_mesh
+from ._round import current_engine as current_engine
+from ._round import execution as execution
 from ._round import federated_round as federated_round
 from ._round import participation_counts as participation_counts
 from ._round import round_cohort as round_cohort

@@ -29,6 +29,7 @@ from fedjax_pfl.validation import check_choice, check_file, check_int, is_concre
 from . import _checkpoint
 from ._eval import check_eval_args, evaluate
 from ._keys import KeyTag
+from ._round import EngineConfig, check_engine, execution
 from ._types import Algorithm, AlgorithmState
 
 
@@ -156,14 +157,17 @@ def _chunk_lengths(num_rounds: int, eval_every: int) -> list[int]:
     return [eval_every] * full + ([rest] if rest else [])
 
 
-def run_rounds(algorithm: Algorithm, state, data, key, num_rounds: int):
-    """``num_rounds`` rounds as one ``lax.scan``; returns the state and the
-    per-round metrics averaged over the chunk."""
+def run_rounds(algorithm: Algorithm, state, data, key, num_rounds: int, *,
+               engine: EngineConfig | None = None):
+    """``num_rounds`` rounds as one ``lax.scan`` under ``engine`` (default:
+    the one in force, :func:`execution`); returns the state and the per-round
+    metrics averaged over the chunk."""
 
     def body(s, _):
         return algorithm.round_step(s, data, key)
 
-    state, metrics = jax.lax.scan(body, state, None, length=num_rounds)
+    with execution(engine):
+        state, metrics = jax.lax.scan(body, state, None, length=num_rounds)
     return state, jax.tree.map(lambda m: jnp.mean(m, axis=0), metrics)
 
 
@@ -189,6 +193,7 @@ def _evaluate(algorithm, state, data, key, eval_kwargs, views=None, classes=None
 
 def evaluate_state(algorithm: Algorithm, state: AlgorithmState, data, *,
                    key: jax.Array, views: Sequence[str] | None = None,
+                   engine: EngineConfig | None = None,
                    **eval_kwargs) -> dict[str, jax.Array]:
     """The metrics of ``state`` exactly as ``simulate(..., key=key)`` computes them
     at ``state.round`` (same evaluation-time randomness, e.g. finetuning), e.g.
@@ -199,6 +204,7 @@ def evaluate_state(algorithm: Algorithm, state: AlgorithmState, data, *,
       algorithm, state, data: the algorithm, a state of it, the data it ran on.
       key: the ``key`` given to :func:`simulate`.
       views: the ``eval_models`` names to evaluate (default: all).
+      engine: the engine the run used (as in :func:`simulate`).
       **eval_kwargs: :func:`fedjax_pfl.metrics.evaluate`'s options (``splits``,
         ``per_client``, ``mask``, ``metrics``).
 
@@ -218,8 +224,10 @@ def evaluate_state(algorithm: Algorithm, state: AlgorithmState, data, *,
     if views is not None and (isinstance(views, str)
                               or not all(isinstance(v, str) for v in views)):
         raise ValueError(f"views: must be a sequence of view names, got {views!r}")
+    check_engine(engine)
     run_key = jax.random.split(key)[1]
-    return _evaluate(algorithm, state, data, run_key, eval_kwargs, views)
+    with execution(engine):
+        return _evaluate(algorithm, state, data, run_key, eval_kwargs, views)
 
 
 def _row(round_, eval_metrics, train_metrics, extra=None) -> dict[str, Any]:
@@ -252,6 +260,7 @@ def simulate(
     checkpoint_every: int | None = None,
     resume: bool = False,
     privacy: Any = None,
+    engine: EngineConfig | None = None,
 ) -> SimulationResult:
     """Runs ``num_rounds`` rounds, evaluating every ``eval_every`` rounds.
 
@@ -292,6 +301,10 @@ def simulate(
       privacy: a :class:`fedjax_pfl.privacy.Monitor`: adds ``privacy/epsilon`` and
         ``privacy/delta`` to every row, and with a ``target_epsilon`` stops
         before a chunk of rounds whose end would exceed it (docs/privacy.md).
+      engine: the :class:`EngineConfig` every round, evaluation and finetuning
+        of the run executes under (strategy, mesh, buckets, determinism,
+        local-loop unroll; default ``EngineConfig()``, or the one of an
+        enclosing :func:`execution` block). Algorithms never take it.
 
     Returns:
       :class:`SimulationResult` with the final state and one history row per
@@ -310,6 +323,20 @@ def simulate(
         starting state or privacy monitor); a ``checkpoint_dir`` that holds
         checkpoints without ``resume``.
     """
+    check_engine(engine)
+    with execution(engine):
+        return _simulate(
+            algorithm, data, num_rounds=num_rounds, eval_every=eval_every, key=key,
+            eval_mask=eval_mask, splits=splits, progress=progress,
+            jsonl_path=jsonl_path, state=state, callback=callback,
+            scan_rounds=scan_rounds, checkpoint_dir=checkpoint_dir,
+            checkpoint_every=checkpoint_every, resume=resume, privacy=privacy)
+
+
+def _simulate(algorithm, data, *, num_rounds, eval_every, key, eval_mask, splits,
+              progress, jsonl_path, state, callback, scan_rounds, checkpoint_dir,
+              checkpoint_every, resume, privacy) -> SimulationResult:
+    """:func:`simulate` under the engine in force."""
     eval_every = _validate_run(num_rounds, eval_every, key)
     checkpoint_every = _checkpoint.validate(checkpoint_dir, checkpoint_every, resume,
                                             eval_every)
@@ -429,7 +456,9 @@ def _compile(algorithm, eval_mask, splits, scan_rounds):
         def trace_round(s, d, k, n):
             scan.trace(s, d, k, n)
     else:
-        one = jax.jit(algorithm.round_step, donate_argnums=0)
+        # a new closure: jit must not reuse a trace made under another engine
+        one = jax.jit(lambda s, d, k: algorithm.round_step(s, d, k),
+                      donate_argnums=0)
 
         def chunk(s, d, k, n):
             rows = []
@@ -470,6 +499,7 @@ def sweep(
     key: jax.Array,
     eval_mask: jax.Array | None = None,
     splits: Sequence[str] = ("train", "test"),
+    engine: EngineConfig | None = None,
 ) -> tuple[AlgorithmState, dict[str, np.ndarray]]:
     """Runs one whole simulation per hyperparameter value, vmapped: ONE program.
 
@@ -477,8 +507,9 @@ def sweep(
       make_algorithm: ``(**hparams) -> Algorithm``; called inside the trace with
         scalar (traced) values, e.g. ``lambda lam: ditto(model, lam=lam, ...)``.
       hparams: name -> 1-D array of values; all the same length ``S``.
-      data, num_rounds, eval_every, key, eval_mask, splits: as in :func:`simulate`;
-        every run uses the same key, so results equal separate ``simulate`` runs.
+      data, num_rounds, eval_every, key, eval_mask, splits, engine: as in
+        :func:`simulate`; every run uses the same key, so results equal
+        separate ``simulate`` runs.
 
     Returns:
       ``(states, history)``: final states with a leading ``S`` axis, and a dict of
@@ -489,6 +520,7 @@ def sweep(
         is traced first).
     """
     eval_every = _validate_run(num_rounds, eval_every, key)
+    check_engine(engine)
     if not callable(make_algorithm):
         raise ValueError(f"make_algorithm: must be callable, got {make_algorithm!r}")
     _validate_data(data)
@@ -521,9 +553,10 @@ def sweep(
         return state, jax.tree.map(lambda *a: jnp.stack(a), *evals)
 
     program = jax.jit(jax.vmap(run, in_axes=(0, None)))
-    program.trace(values, data)  # every check fires here, before any computation
-    check_labels(data, classes)
-    states, metrics = program(values, data)
+    with execution(engine):
+        program.trace(values, data)  # every check fires here, before computing
+        check_labels(data, classes)
+        states, metrics = program(values, data)
     history = {k: np.asarray(v) for k, v in metrics.items()}
     history["round"] = np.cumsum([0] + lengths)
     return states, history

@@ -21,6 +21,8 @@ from fedjax_pfl.data import (
 from fedjax_pfl.models import Model, Params, batch_loss
 from fedjax_pfl.validation import check_int, check_positive
 
+from ._round import check_unroll, current_engine
+
 
 def client_loss(model: Model, params: Params, split: Split, client: jax.Array,
                 *, metric: bool = False) -> jax.Array:
@@ -155,19 +157,22 @@ def default_unroll(num_steps: int) -> bool:
     return jax.default_backend() == "cpu" and num_steps <= 32
 
 
-def check_unroll(unroll) -> None:
-    """``unroll``: ``None`` (the backend's default), a bool (``lax.scan``'s
-    meaning: ``True`` fully unrolled) or an integer ``>= 1``."""
-    if unroll is not None and not isinstance(unroll, (bool, np.bool_)):
-        check_int("unroll", unroll, lo=1)
+def resolve_unroll(unroll: int | bool | None, num_steps: int) -> int | bool:
+    """The unroll of a loop of ``num_steps`` local steps: ``unroll`` if given
+    (a :class:`LocalConfig`'s own), else the engine's (:func:`current_engine`,
+    read when the round is traced), else :func:`default_unroll`."""
+    if unroll is None:
+        unroll = current_engine().unroll
+    return default_unroll(num_steps) if unroll is None else unroll
 
 
-def make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll,
+def make_local_config(client_lr, num_local_steps, batch_size, sampling,
                       epochs=None, *, drop_last: bool = False,
-                      optimizer=None) -> LocalConfig:
+                      optimizer=None, unroll=None) -> LocalConfig:
     """Validates and bundles the local-training arguments (``ValueError`` naming
     the argument). ``epochs`` (``local_epochs``), when given, replaces the step
-    count (see :class:`LocalConfig`)."""
+    count (see :class:`LocalConfig`). ``unroll`` is normally left to the
+    engine (``None``: :func:`resolve_unroll` when the round is traced)."""
     check_positive("client_lr", client_lr)
     if epochs is not None:
         check_positive("local_epochs", epochs)
@@ -185,8 +190,6 @@ def make_local_config(client_lr, num_local_steps, batch_size, sampling, unroll,
         raise ValueError(
             "optimizer: must be a function lr -> optax.GradientTransformation (e.g. "
             f"optax.sgd, optax.adam), got {optimizer!r}")
-    if unroll is None and epochs is None:
-        unroll = default_unroll(num_local_steps)
     return LocalConfig(client_lr, num_local_steps, batch_size, sampling, unroll,
                        epochs, drop_last, optimizer)
 
@@ -254,9 +257,7 @@ def run_local(model: Model, params: Params, data, cid: jax.Array, key: jax.Array
     split = data.train
     steps, own = client_steps(cfg, split, cid)
     active = active_steps if own is None else own
-    unroll = cfg.unroll
-    if unroll is None:
-        unroll = default_unroll(steps)
+    unroll = resolve_unroll(cfg.unroll, steps)
     return local_train(
         model, params, split, cid, key,
         optimizer=cfg.optimizer(cfg.lr) if optimizer is None else optimizer,

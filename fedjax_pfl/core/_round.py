@@ -3,13 +3,17 @@ aggregate on the server, scatter the personal states back. One jittable function
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from fedjax_pfl.validation import check_int
 
 from ._clients import (
     client_keys,
@@ -65,11 +69,22 @@ class EngineConfig:
         size). Costs memory (the weighted mean's ``[cohort, params]`` uploads
         are stacked, not summed inside the client loop) and time; default off.
         See docs/engine.md, "Determinism".
+      unroll: how the local-step loops are compiled (``lax.scan``'s meaning:
+        an integer ``>= 1`` of steps per loop trip, ``True`` a straight line,
+        ``False`` = 1); ``None``: the backend's measured default
+        (:func:`default_unroll`: a straight line on CPU up to 32 steps, a loop
+        otherwise). Numbers agree either way up to float rounding; unrolling
+        costs compile time. A :class:`LocalConfig` with its own ``unroll``
+        keeps it.
+
+    An algorithm reads its engine when its round is traced (``simulate``,
+    ``sweep`` and ``evaluate_state`` take ``engine=``; elsewhere, trace under
+    :func:`execution`), so one algorithm runs under any engine.
     """
 
     def __init__(self, strategy: str | None = None, map_batch_size: int | None = None,
                  mesh: jax.sharding.Mesh | None = None, buckets: int | None = None,
-                 deterministic: bool = False):
+                 deterministic: bool = False, unroll: int | bool | None = None):
         from ._clients import STRATEGIES, default_strategy
 
         if strategy is None:
@@ -95,13 +110,17 @@ class EngineConfig:
         if not isinstance(deterministic, bool):
             raise ValueError(f"deterministic: must be True or False, got "
                              f"{deterministic!r}")
+        check_unroll(unroll)
         self.strategy, self.map_batch_size, self.mesh = strategy, map_batch_size, mesh
         self.buckets, self.deterministic = buckets, deterministic
+        self.unroll = None if unroll is None else (
+            bool(unroll) if isinstance(unroll, (bool, np.bool_)) else int(unroll))
 
     def __repr__(self):
         return (f"EngineConfig(strategy={self.strategy!r}, "
                 f"map_batch_size={self.map_batch_size}, mesh={self.mesh}, "
-                f"buckets={self.buckets}, deterministic={self.deterministic})")
+                f"buckets={self.buckets}, deterministic={self.deterministic}, "
+                f"unroll={self.unroll})")
 
     @property
     def shards_loop(self) -> bool:
@@ -224,6 +243,54 @@ class EngineConfig:
                             tree)
 
 
+def check_unroll(unroll) -> None:
+    """``unroll``: ``None`` (the backend's default), a bool (``lax.scan``'s
+    meaning: ``True`` fully unrolled) or an integer ``>= 1``."""
+    if unroll is not None and not isinstance(unroll, (bool, np.bool_)):
+        check_int("unroll", unroll, lo=1)
+
+
+_ENGINE: contextvars.ContextVar[EngineConfig | None] = contextvars.ContextVar(
+    "fedjax_pfl_engine", default=None)
+
+
+def check_engine(engine) -> None:
+    """``engine``: ``None`` or an :class:`EngineConfig`."""
+    if engine is not None and not isinstance(engine, EngineConfig):
+        raise ValueError(f"engine: must be an EngineConfig or None, got {engine!r}")
+
+
+@contextlib.contextmanager
+def execution(engine: EngineConfig | None) -> Iterator[EngineConfig]:
+    """Runs the block under ``engine``: every round, evaluation or finetuning
+    TRACED inside it (``jax.jit(alg.round_step)(...)`` called in the block)
+    lifts its clients and compiles its local loops as ``engine`` says.
+    ``None`` keeps the engine in force (the outer block's, else the default
+    ``EngineConfig()``). ``simulate``, ``sweep`` and ``evaluate_state`` take
+    ``engine=`` and do this themselves.
+
+    A function jitted once keeps the engine of its first trace: re-jit (a new
+    ``jax.jit`` of a new closure) to run the same algorithm under another.
+    """
+    check_engine(engine)
+    if engine is None:
+        yield current_engine()
+        return
+    token = _ENGINE.set(engine)
+    try:
+        yield engine
+    finally:
+        _ENGINE.reset(token)
+
+
+def current_engine() -> EngineConfig:
+    """The engine in force (:func:`execution`), else ``EngineConfig()`` (the
+    backend's defaults). Algorithms call it while their round is traced, never
+    when they are built."""
+    engine = _ENGINE.get()
+    return EngineConfig() if engine is None else engine
+
+
 def client_mesh(devices=None) -> jax.sharding.Mesh:
     """A 1-D mesh named ``clients`` over ``devices`` (default: every device of
     every process, ``jax.devices()``), for ``EngineConfig(mesh=...)``.
@@ -247,7 +314,7 @@ def federated_round(
     *,
     cohort_size: int,
     cohort: str,
-    engine: EngineConfig,
+    engine: EngineConfig | None = None,
     linear_weights: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
 ) -> Callable[[AlgorithmState, Any, jax.Array], tuple[AlgorithmState, dict]]:
     """Builds ``round_step(state, data, key)`` from a one-client kernel.
@@ -259,7 +326,8 @@ def federated_round(
         (server_state, server_metrics)`` with stacked ``[cohort, ...]`` inputs.
       cohort_size: clients per round.
       cohort: sampling mode (see :func:`sample_cohort`).
-      engine: execution strategy.
+      engine: execution strategy (default: :func:`current_engine` when the
+        round is traced).
       linear_weights: set when the server's aggregator is a weighted mean
         (``Aggregator.linear_weights``): the cohort's uploads are then averaged
         inside the client loop (never stacked) and ``server_fn`` receives that
@@ -271,7 +339,11 @@ def federated_round(
     number of devices.
     """
 
+    check_engine(engine)
+    fixed_engine = engine
+
     def round_step(state: AlgorithmState, data, key: jax.Array):
+        engine = fixed_engine or current_engine()
         rkey = jax.random.fold_in(key, state.round)
         ids = round_cohort(data, state.round, key, cohort_size, cohort)
         ordering = engine.cohort_order(data.train.counts[ids])

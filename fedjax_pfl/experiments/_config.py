@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 import jax
 
-from fedjax_pfl.core import evaluate_state
+from fedjax_pfl.core import check_engine, evaluate_state, execution
 from fedjax_pfl.data import FederatedData
 
 
@@ -211,7 +211,7 @@ def check_attack(attack: str, ratio: float, num_clients: int,
 
 
 def preflight(algorithm, data, key, *, eval_mask=None, splits=("test",),
-              views=None) -> None:
+              views=None, engine=None) -> None:
     """Everything ``simulate(algorithm, data, key=key, eval_mask=eval_mask,
     splits=splits)`` checks before its first round, without running anything
     (``jax.eval_shape`` traces only): the evaluation options and mask, the
@@ -219,7 +219,8 @@ def preflight(algorithm, data, key, *, eval_mask=None, splits=("test",),
     input, labels inside their classes) and one round on this data (e.g. a
     cohort larger than the number of clients). Presets call it after loading the
     data and before writing any file or training anything (even the private
-    reference models some presets train while they are built).
+    reference models some presets train while they are built). ``engine``:
+    the run's :class:`fedjax_pfl.EngineConfig` (as ``simulate`` takes it).
 
     Raises:
       ValueError: naming the argument or ``data``.
@@ -230,9 +231,12 @@ def preflight(algorithm, data, key, *, eval_mask=None, splits=("test",),
                for a in ("init", "round_step", "eval_models")):
         raise ValueError(f"algorithm: must be an Algorithm, got "
                          f"{type(algorithm).__name__}")
+    check_engine(engine)
     init_key, run_key = jax.random.split(key)
     template = jax.eval_shape(lambda k: algorithm.init(k, data), init_key)
     jax.eval_shape(lambda s: evaluate_state(
-        algorithm, s, data, key=key, views=views, splits=splits, mask=eval_mask),
-        template)
-    jax.eval_shape(algorithm.round_step, template, data, run_key)
+        algorithm, s, data, key=key, views=views, splits=splits, mask=eval_mask,
+        engine=engine), template)
+    with execution(engine):
+        jax.eval_shape(lambda s, d, k: algorithm.round_step(s, d, k), template,
+                       data, run_key)

@@ -87,6 +87,7 @@ def run_demo(cfg: DemoConfig = DemoConfig(), *, progress: bool = True) -> dict:
     model = models.logistic_regression((60,), 10)
     common = dict(client_lr=cfg.client_lr, num_local_steps=cfg.num_local_steps,
                   batch_size=cfg.batch_size, cohort_size=cfg.cohort_size,
+                  cohort="size_weighted", weighted=False,  # Ditto's Alg. 2
                   attack=threat.update_attack, malicious=threat.malicious)
     runs = {
         # Ditto's global model is exactly FedAvg's (size-weighted cohorts, mean).

@@ -13,7 +13,6 @@ from fedjax_pfl import aggregators, algorithms, attacks, data, models, privacy
 
 from ._config import Experiment, Key, Preset, check_attack, run_keys
 from ._registry import PRESETS as PRESETS
-from ._registry import engine
 from ._registry import register as _register
 
 # ------------------------------------------------------------------------ Ditto
@@ -52,8 +51,8 @@ def ditto_experiment(cfg, fed, model, num_classes) -> Experiment:
                                        seed=cfg["seed"], num_classes=num_classes)
     common = dict(client_lr=cfg["lr"], num_local_steps=cfg["local_steps"],
                   batch_size=cfg["batch_size"], cohort_size=cfg["cohort_size"],
-                  cohort="size_weighted", attack=threat.update_attack,
-                  malicious=threat.malicious, engine=engine(cfg))
+                  cohort="size_weighted", weighted=False,
+                  attack=threat.update_attack, malicious=threat.malicious)
     m = cfg["method"]
     if m in ("ditto", "local"):  # local == Ditto with lambda 0 (same schedule)
         strong = cfg["attack"] == "A3" or cfg["ratio"] > 0.5
@@ -64,7 +63,7 @@ def ditto_experiment(cfg, fed, model, num_classes) -> Experiment:
         views = ("global", "personal") if m == "ditto" else ("personal",)
     else:
         agg = aggregators.tilted_mean(cfg["term_t"]) if m == "term" else None
-        alg = algorithms.fedavg(model, weighted=False, aggregator=agg,
+        alg = algorithms.fedavg(model, aggregator=agg,
                                 finetune_steps=cfg["finetune_steps"] if m == "finetune"
                                 else 0, **common)
         views = ("global", "finetuned") if m == "finetune" else ("global",)
@@ -168,12 +167,13 @@ def fedplus_data(dataset: str, seed: int):
 
 
 def fedplus_algorithm(method, model, *, lr, sigma, batch, local_steps, cohort_size,
-                      delta, agg_set, agg_method, engine=None):
+                      delta, agg_set, agg_method):
     """A Fed+ Table 2 method: Fed+ variants, or the baselines as Fed+ settings
     (FedProx: Psi = ind0, lambda 1; RFA: sigma 0, Psi = l2)."""
     common = dict(client_lr=lr, num_local_steps=local_steps, batch_size=batch,
-                  cohort_size=cohort_size, engine=engine)
-    plus = dict(common, delta=delta, agg_set=agg_set, agg_method=agg_method)
+                  cohort_size=cohort_size)
+    plus = dict(common, delta=delta, agg_set=agg_set, agg_method=agg_method,
+                weighted=False)
     if method in ("fedavg_plus", "fedgeomed_plus", "fedcomed_plus"):
         return getattr(algorithms, method)(model, sigma=sigma, init_mix=0.0, **plus)
     if method == "fedprox":
@@ -196,8 +196,7 @@ def _fedplus(cfg):
         cfg["method"], model, lr=cfg["lr"] or s["lr"],
         sigma=cfg["sigma"] or s["sigma"], batch=s["batch"],
         local_steps=cfg["local_steps"], cohort_size=cfg["cohort_size"],
-        delta=cfg["delta"], agg_set=cfg["agg_set"], agg_method=cfg["agg_method"],
-        engine=engine(cfg))
+        delta=cfg["delta"], agg_set=cfg["agg_set"], agg_method=cfg["agg_method"])
     view = FEDPLUS_VIEW.get(cfg["method"], "personal")
     views = (view,) if cfg["method"] == "local" else (view, "global")
     views = tuple(dict.fromkeys(views))  # local has no global model; FedAvg's is it
@@ -244,16 +243,17 @@ def fedfdp_data(dataset: str, seed: int = 1, num_clients: int = 10,
 
 
 def fedfdp_algorithm(method, model, *, q, lr, lam, clip, sigma, sigma_loss,
-                     num_clients, engine=None):
+                     num_clients):
     """FedFDP Tables 1-2 methods: fedavg (= FedFair with lam 0), fedfair,
-    dp_fedavg (DP-FedSGD), fedfdp."""
-    common = dict(sampling_rate=q, client_lr=lr, engine=engine)
+    dp_fedavg (DP-FedSGD), fedfdp; every client every round, one local step."""
+    common = dict(sampling_rate=q, client_lr=lr, num_local_steps=1)
     if method in ("fedavg", "fedfair"):
         return algorithms.fedfair(model, lam=lam if method == "fedfair" else 0.0,
-                                  **common)
+                                  cohort="full", **common)
     if method == "fedfdp":
         return algorithms.fedfdp(model, lam=lam, clip=clip, noise_multiplier=sigma,
-                                 loss_noise_multiplier=sigma_loss, **common)
+                                 loss_noise_multiplier=sigma_loss, cohort="full",
+                                 **common)
     if method == "dp_fedavg":
         return algorithms.dp_fedavg(model, clip=clip, noise_multiplier=sigma,
                                     cohort="full", cohort_size=num_clients, **common)
@@ -281,7 +281,7 @@ def _fedfdp(cfg):
     alg = fedfdp_algorithm(m, model, q=cfg["q"], lr=cfg["lr"], lam=cfg["lam"],
                            clip=cfg.get("clip", np.inf), sigma=cfg.get("sigma", 0.0),
                            sigma_loss=cfg.get("sigma_loss", 0.0),
-                           num_clients=fed.num_clients, engine=engine(cfg))
+                           num_clients=fed.num_clients)
     if m not in ("fedfdp", "dp_fedavg"):
         return Experiment(alg, fed, views=("global",))
     eps, plan = fedfdp_plan(cfg["rounds"], cfg["q"], cfg["sigma"], cfg["sigma_loss"],

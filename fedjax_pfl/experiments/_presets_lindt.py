@@ -71,10 +71,9 @@ def lindt_noise_std(dual, noise_std: float | None) -> float:
 
 
 def lindt_algorithm(method, dual, mal, *, lr, lr_decay, cohort_size, steps, clip,
-                    noise_std, trim, eps, r_prime, fb_steps, fb_lr, engine=None):
+                    noise_std, trim, eps, r_prime, fb_steps, fb_lr):
     """A Table 3 method in the NFL environment (eq. 4 DP on every upload)."""
-    common = {"client_lr": lr, "batch_size": 10, "cohort_size": cohort_size,
-              "engine": engine}
+    common = {"client_lr": lr, "batch_size": 10, "cohort_size": cohort_size}
     if method in ("apfl", "fedprox"):
         # Eq. 4's noise: std sigma on the mean = client_level_dp with z = sigma K/S.
         agg = privacy.client_level_dp(aggregators.mean(weighted=False), clip,
@@ -107,17 +106,21 @@ def _lindt(cfg):
         cohort_size=cfg["cohort_size"], steps=cfg["local_steps"], clip=cfg["clip"],
         noise_std=noise, trim=cfg["trim"], eps=cfg["eps"],
         r_prime=cfg["r_prime"] or cfg["rounds"] // 2, fb_steps=cfg["fb_steps"],
-        fb_lr=cfg["fb_lr"], engine=engine(cfg))
+        fb_lr=cfg["fb_lr"])
     benign = (~mal).astype(np.float32)
     view = DEPLOYED.get(m, "global")
     views = ("global",) if view == "global" else ("global", view)
     # the run's checks (models vs data, one traced round) before the private
     # reference models are trained
-    preflight(alg, fd, jax.random.key(cfg["seed"]), eval_mask=benign, views=views)
+    preflight(alg, fd, jax.random.key(cfg["seed"]), eval_mask=benign, views=views,
+              engine=engine(cfg))
+    private_key = jax.random.fold_in(jax.random.key(cfg["seed"]),
+                                     KeyTag.NFL_PRIVATE_RUN)
     private = private_accuracy(
-        dual.model, fd, jax.random.fold_in(jax.random.key(cfg["seed"]), KeyTag.NFL_PRIVATE_RUN),
-        client_lr=cfg["lr"], num_local_steps=cfg["private_steps"], batch_size=10,
-        num_rounds=cfg["private_rounds"], eval_every=max(1, cfg["private_rounds"] // 10))
+        dual.model, fd, private_key, client_lr=cfg["lr"],
+        num_local_steps=cfg["private_steps"], batch_size=10,
+        num_rounds=cfg["private_rounds"],
+        eval_every=max(1, cfg["private_rounds"] // 10), engine=engine(cfg))
     return Experiment(alg, fd, benign, None, views,
                       {"noise_std": noise, "malicious": int(mal.sum()),
                        "private_acc_benign": 100 * float(np.nanmean(private[~mal]))},

@@ -23,15 +23,16 @@ def private_accuracy(model, data, key, *, client_lr=0.1, num_local_steps=10,
     The LINDT paper gives no training recipe for them. Here: SGD at ``client_lr``,
     ``num_local_steps`` steps per round for ``num_rounds`` rounds, each client's
     accuracy taken at its best evaluation (``select='best'``, optimistic, like
-    early stopping on the test split) or the last (``'last'``). Returns ``[N]``.
+    early stopping on the test split) or the last (``'last'``). ``engine``: as
+    in :func:`fedjax_pfl.simulate`. Returns ``[N]``.
     """
     check_choice("select", select, ("best", "last"))
     alg = local_only(model, client_lr=client_lr, num_local_steps=num_local_steps,
-                     batch_size=batch_size, cohort="full", engine=engine)
+                     batch_size=batch_size, cohort="full")
     acc = deployed_accuracy_fn(alg, split=split)
     accs = []
     simulate(alg, data, num_rounds=num_rounds, eval_every=eval_every, key=key,
-             splits=(), progress=False,
+             splits=(), progress=False, engine=engine,
              callback=lambda state, row: accs.append(np.asarray(acc(state, data))))
     accs = np.stack(accs[1:])  # skip the untrained initial model
     if select == "last":

@@ -25,6 +25,7 @@ from fedjax_pfl.validation import check_choice, check_dir
 
 from ._config import Experiment, Preset, preflight, resolve
 from ._presets import PRESETS
+from ._registry import engine
 
 SPLITS = ("test",)
 
@@ -64,7 +65,7 @@ def _check_out(out: Path, record: dict, resume: bool) -> None:
                              f"config {old.get('config')}, not {record['config']}")
 
 
-def _check_experiment(exp, cfg: Mapping[str, Any], key) -> int:
+def _check_experiment(exp, cfg: Mapping[str, Any], key, engine=None) -> int:
     """What needs the loaded data, before anything is written or trained:
     the builder's result, the number of rounds (a privacy plan may allow none)
     and :func:`preflight` (the models against the data, the evaluation options,
@@ -82,15 +83,17 @@ def _check_experiment(exp, cfg: Mapping[str, Any], key) -> int:
                if "num_rounds" in exp.info else "")
         raise ValueError(f"rounds: the run has {num_rounds} rounds{why}")
     preflight(exp.algorithm, exp.data, key, eval_mask=exp.eval_mask, splits=SPLITS,
-              views=exp.views)
+              views=exp.views, engine=engine)
     return int(num_rounds)
 
 
-def per_client_table(algorithm, state, fed, key, views) -> dict[str, np.ndarray]:
+def per_client_table(algorithm, state, fed, key, views,
+                     engine=None) -> dict[str, np.ndarray]:
     """Final per-client metrics of ``views`` on the test split, as columns, as
-    ``simulate(key=key)`` evaluated them."""
+    ``simulate(key=key, engine=engine)`` evaluated them."""
     out = jax.jit(lambda s, d: evaluate_state(  # state, data as arguments
-        algorithm, s, d, key=key, views=views, splits=SPLITS, per_client=True))(
+        algorithm, s, d, key=key, views=views, splits=SPLITS, per_client=True,
+        engine=engine))(
             state, fed)
     cols = {"client": np.arange(fed.num_clients),
             "train_examples": np.asarray(fed.train.counts)}
@@ -172,7 +175,8 @@ def run_preset(name: str, overrides: Mapping[str, Any] | None = None, *,
     _check_out(out, record, resume)
     key = jax.random.key(cfg["seed"])
     exp = preset.build(dict(cfg))
-    num_rounds = _check_experiment(exp, cfg, key)
+    eng = engine(cfg)
+    num_rounds = _check_experiment(exp, cfg, key, eng)
     record["info"] = dict(exp.info)
     out.mkdir(parents=True, exist_ok=True)
     (out / "plots").mkdir(exist_ok=True)
@@ -188,11 +192,12 @@ def run_preset(name: str, overrides: Mapping[str, Any] | None = None, *,
                    splits=SPLITS, progress=progress,
                    jsonl_path=str(out / "history.jsonl"),
                    checkpoint_dir=out / "checkpoints", checkpoint_every=ckpt,
-                   resume=resume, privacy=exp.privacy, callback=exp.callback)
+                   resume=resume, privacy=exp.privacy, callback=exp.callback,
+                   engine=eng)
     if exp.callback is not None:  # its keys come after simulate wrote each line
         _write_atomic(out / "history.jsonl",
                       "".join(json.dumps(r) + "\n" for r in res.history))
-    cols = per_client_table(exp.algorithm, res.state, exp.data, key, exp.views)
+    cols = per_client_table(exp.algorithm, res.state, exp.data, key, exp.views, eng)
     if exp.eval_mask is not None:
         cols["benign"] = np.asarray(exp.eval_mask).astype(int)
     write_csv(out / "clients.csv", cols)

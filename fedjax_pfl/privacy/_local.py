@@ -7,17 +7,24 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from fedjax_pfl.core import KeyTag, mean_over_steps, run_steps
 from fedjax_pfl.data import SAMPLING_MODES, client_batch_indices, gather_batch
 from fedjax_pfl.models import Model, Params
-from fedjax_pfl.validation import check_nonnegative, check_positive, is_concrete
+from fedjax_pfl.validation import (
+    check_choice,
+    check_clip,
+    check_int,
+    check_nonnegative,
+    check_positive,
+    check_probability,
+    is_concrete,
+)
 
 from ._clip import FAIR_CLIP_MODES, METHODS
 from ._noise import private_grad
-from ._sampling import check_rate, default_max_batch_size, poisson_batch_indices
+from ._sampling import default_max_batch_size, poisson_batch_indices
 
 NORMALIZERS = ("realized", "expected")
 DP_SAMPLING = ("poisson", *SAMPLING_MODES)
@@ -53,32 +60,24 @@ def make_dp_config(clip, noise_multiplier, sampling, sampling_rate=None,
                    max_batch_size=None, normalize="realized", clip_method="auto",
                    chunk_size=None, fair_clip="sign_preserving") -> DPConfig:
     """Validates the DP arguments (``ValueError`` naming the argument)."""
-    if is_concrete(clip) and not (np.all(np.asarray(clip, np.float64) > 0)):
-        raise ValueError(f"clip: must be positive (inf disables clipping), got {clip!r}")
+    check_clip("clip", clip)
     check_nonnegative("noise_multiplier", noise_multiplier)
-    if sampling not in DP_SAMPLING:
-        raise ValueError(f"sampling: must be one of {DP_SAMPLING}, got {sampling!r}")
+    check_choice("sampling", sampling, DP_SAMPLING)
     if sampling == "poisson":
         if sampling_rate is None:
-            raise ValueError("sampling_rate: Poisson sampling needs the rate q in (0, 1]")
-        check_rate("sampling_rate", sampling_rate)
-    if max_batch_size is not None and (
-            not isinstance(max_batch_size, int) or max_batch_size < 1):
-        raise ValueError(f"max_batch_size: must be a positive integer, got "
-                         f"{max_batch_size!r}")
+            raise ValueError("sampling_rate: Poisson sampling needs the rate q in "
+                             "(0, 1]")
+        check_probability("sampling_rate", sampling_rate)
+    check_int("max_batch_size", max_batch_size, lo=1, allow_none=True)
     if isinstance(normalize, str):
         if normalize not in NORMALIZERS:
             raise ValueError(f"normalize: must be one of {NORMALIZERS} or a positive "
                              f"number, got {normalize!r}")
     else:
         check_positive("normalize", normalize)
-    if clip_method not in METHODS:
-        raise ValueError(f"clip_method: must be one of {METHODS}, got {clip_method!r}")
-    if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
-        raise ValueError(f"chunk_size: must be a positive integer, got {chunk_size!r}")
-    if fair_clip not in FAIR_CLIP_MODES:
-        raise ValueError(f"fair_clip: must be one of {FAIR_CLIP_MODES}, got "
-                         f"{fair_clip!r}")
+    check_choice("clip_method", clip_method, METHODS)
+    check_int("chunk_size", chunk_size, lo=1, allow_none=True)
+    check_choice("fair_clip", fair_clip, FAIR_CLIP_MODES)
     return DPConfig(clip, noise_multiplier,
                     sampling_rate if sampling == "poisson" else None, max_batch_size,
                     normalize, clip_method, chunk_size, fair_clip)

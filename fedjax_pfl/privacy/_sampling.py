@@ -57,7 +57,3 @@ def poisson_batch_indices(split, client, key, *, q, num_steps: int,
     return rows, mask, truncated
 
 
-def check_rate(name: str, q) -> None:
-    """``ValueError`` unless the sampling rate ``q`` is a probability in (0, 1]
-    (a traced rate is not checked). Kept for the DP algorithms that import it."""
-    check_probability(name, q)

@@ -27,6 +27,7 @@ from fedjax_pfl.core import ModelView as ModelView
 from fedjax_pfl.core import client_keys as client_keys
 from fedjax_pfl.core import client_loss as client_loss
 from fedjax_pfl.core import client_steps as client_steps
+from fedjax_pfl.core import current_engine as current_engine
 from fedjax_pfl.core import default_unroll as default_unroll
 from fedjax_pfl.core import federated_round as federated_round
 from fedjax_pfl.core import lift as lift
@@ -35,6 +36,7 @@ from fedjax_pfl.core import make_local_config as make_local_config
 from fedjax_pfl.core import mean_over_steps as mean_over_steps
 from fedjax_pfl.core import passes_needed as passes_needed
 from fedjax_pfl.core import prox_penalty as prox_penalty
+from fedjax_pfl.core import resolve_unroll as resolve_unroll
 from fedjax_pfl.core import run_local as run_local
 from fedjax_pfl.core import run_steps as run_steps
 from fedjax_pfl.core import tree_broadcast as tree_broadcast
@@ -55,6 +57,7 @@ from ._round import attack_delta as attack_delta
 from ._round import check_cohort as check_cohort
 from ._round import check_malicious as check_malicious
 from ._round import deferred as deferred
+from ._round import lift_clients as lift_clients
 from ._round import malicious_mask as malicious_mask
 from ._round import resolve_cohort_size as resolve_cohort_size
 from ._round import round_step as round_step

@@ -9,15 +9,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_pfl.core import (
-    EngineConfig,
     LocalConfig,
     ModelView,
     client_keys,
-    lift,
     prox_penalty,
     run_local,
 )
 from fedjax_pfl.validation import check_nonnegative, check_positive, is_concrete
+
+from ._round import lift_clients
 
 
 class FinetuneConfig(NamedTuple):
@@ -52,25 +52,26 @@ def make_finetune_config(cfg: LocalConfig, steps, lr, lam) -> FinetuneConfig | N
                                        epochs=None), lam, counts)
 
 
-def finetune_views(model, params, data, key, ft: FinetuneConfig | None, engine):
+def finetune_views(model, params, data, key, ft: FinetuneConfig | None):
     """``{'finetuned': per-client view}`` (or one ``finetuned_<count>`` view per
     count); empty without finetuning."""
     if ft is None:
         return {}
     if ft.counts is None:
         return {"finetuned": ModelView(model, finetune_all(
-            model, params, data, key, ft.local, engine, lam=ft.lam), True)}
+            model, params, data, key, ft.local, lam=ft.lam), True)}
     return {f"finetuned_{c}": ModelView(model, finetune_all(
-        model, params, data, key, ft.local, engine, lam=ft.lam, active_steps=c), True)
+        model, params, data, key, ft.local, lam=ft.lam, active_steps=c), True)
         for c in ft.counts}
 
 
-def finetune_all(model, params, data, key, cfg: LocalConfig, engine: EngineConfig,
+def finetune_all(model, params, data, key, cfg: LocalConfig,
                  lam: float | jax.Array = 0.0, active_steps: int | None = None):
     """Every client finetunes ``params`` on its training data, minimizing
     ``F_k(v) + lam/2 ||v - params||^2`` from ``v = params``: stacked results.
     ``active_steps`` stops after that many of ``cfg.num_steps`` steps (same
-    minibatch stream for every count)."""
+    minibatch stream for every count). Lifted over the clients by the engine
+    in force (:func:`lift_clients`)."""
     ids = jnp.arange(data.num_clients, dtype=jnp.int32)
     keys = client_keys(key, data.key_ids)
     penalty = None if is_concrete(lam) and np.all(np.asarray(lam) == 0) else (
@@ -80,6 +81,6 @@ def finetune_all(model, params, data, key, cfg: LocalConfig, engine: EngineConfi
         return run_local(model, params, data, cid, k, cfg, penalty=penalty,
                          active_steps=active_steps)[0]
 
-    return lift(one, engine.strategy, engine.map_batch_size)(ids, keys)
+    return lift_clients(one)(ids, keys)
 
 

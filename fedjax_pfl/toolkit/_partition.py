@@ -103,8 +103,8 @@ def freeze_layers(model: Model, fixed: Params) -> Model:
 
 
 def layer_split_algorithm(model: Model, layers: tuple[str, ...], shared: int,
-                          client_update, cfg, *, aggregator=None, weighted=False,
-                          server_optimizer=None, cohort_size, cohort, engine,
+                          client_update, cfg, *, aggregator=None, weighted=True,
+                          server_optimizer=None, cohort_size, cohort,
                           attack, malicious) -> Algorithm:
     """An :class:`fedjax_pfl.core.Algorithm` whose parameters are split by
     ``layers`` (:func:`split_params`): part ``shared`` (0: the other layers,
@@ -133,7 +133,7 @@ def layer_split_algorithm(model: Model, layers: tuple[str, ...], shared: int,
     step = round_step(functools.partial(client_update,
                                         solver.aggregator.needs_losses),
                       solver.server_fn, cohort_size=cohort_size, cohort=cohort,
-                      engine=engine, attack=attack, malicious=malicious,
+                      attack=attack, malicious=malicious,
                       linear_weights=solver.aggregator.linear_weights)
 
     def eval_models(state, data, key):

@@ -12,9 +12,10 @@ from fedjax_pfl.attacks import attack_update
 from fedjax_pfl.core import (
     COHORT_MODES,
     ClientResult,
-    EngineConfig,
     KeyTag,
+    current_engine,
     federated_round,
+    lift,
 )
 from fedjax_pfl.validation import check_choice, check_int, check_mask
 
@@ -77,9 +78,17 @@ def deferred(build: Callable[[int], RoundStep]) -> RoundStep:
     return round_step
 
 
+def lift_clients(fn: Callable) -> Callable:
+    """``fn`` lifted over a leading axis (clients, or a client's candidates)
+    by the strategy of the engine in force (:func:`fedjax_pfl.core.
+    current_engine`): call it while the round is traced, not when the
+    factory runs."""
+    engine = current_engine()
+    return lift(fn, engine.strategy, engine.map_batch_size)
+
+
 def round_step(client_fn, server_fn, *, cohort_size, cohort: str = "uniform",
-               engine: EngineConfig | None = None, linear_weights=None,
-               attack=None, malicious=None,
+               linear_weights=None, attack=None, malicious=None,
                pass_cohort_size: bool = False) -> RoundStep:
     """``Algorithm.round_step`` from a one-client kernel and a server step.
 
@@ -91,9 +100,10 @@ def round_step(client_fn, server_fn, *, cohort_size, cohort: str = "uniform",
     delta gets the threat model without wiring it. The cohort size is resolved
     from ``data.num_clients`` when the round runs (``cohort='full'``: all);
     with ``pass_cohort_size`` the kernel also gets it as ``cohort_size=``.
+    The engine (strategy, mesh, ...) is the one in force when the round is
+    traced: ``simulate(..., engine=...)`` sets it.
     """
     check_cohort(cohort_size, cohort)
-    engine = engine or EngineConfig()
     mal = malicious_mask(attack, malicious)
 
     def build(num_clients):
@@ -109,6 +119,6 @@ def round_step(client_fn, server_fn, *, cohort_size, cohort: str = "uniform",
                                                       cid, m))
 
         return federated_round(fn, server_fn, cohort_size=m, cohort=cohort,
-                               engine=engine, linear_weights=linear_weights)
+                               linear_weights=linear_weights)
 
     return deferred(build)

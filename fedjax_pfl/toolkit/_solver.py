@@ -68,7 +68,7 @@ def client_upload(model, aggregator, attack, mal, w, w_k, cid, key, data,
 
 
 def global_solver(model: Model, cfg: LocalConfig, *,
-                  aggregator: Aggregator | None = None, weighted: bool = False,
+                  aggregator: Aggregator | None = None, weighted: bool = True,
                   server_optimizer: optax.GradientTransformation | None = None,
                   attack=None, malicious=None, local_penalty=None) -> GlobalSolver:
     """Builds FedAvg's client update and server step.
@@ -112,7 +112,7 @@ def global_solver(model: Model, cfg: LocalConfig, *,
 
 
 def stateless_algorithm(solver: GlobalSolver, client_update, eval_models, *,
-                        cohort_size, cohort, engine, malicious):
+                        cohort_size, cohort, malicious):
     """An :class:`fedjax_pfl.core.Algorithm` whose clients keep no state:
     ``client_update`` (``GlobalSolver.client_update``'s signature) lifted over
     the cohort, then ``solver.server_fn`` (FedAvg, DP-FedAvg, ...)."""
@@ -124,7 +124,7 @@ def stateless_algorithm(solver: GlobalSolver, client_update, eval_models, *,
         return client_update(server, cid, key, data, cohort_size)
 
     step = round_step(client_fn, solver.server_fn, cohort_size=cohort_size,
-                      cohort=cohort, engine=engine, malicious=malicious,
+                      cohort=cohort, malicious=malicious,
                       linear_weights=solver.aggregator.linear_weights,
                       pass_cohort_size=True)
     return Algorithm(init, step, eval_models)

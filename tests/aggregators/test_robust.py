@@ -377,7 +377,8 @@ def test_traced_hyperparameters_are_not_checked():
 
 MODEL = models.logistic_regression((6,), 3)
 FED_KW = {"client_lr": 0.2, "num_local_steps": 3, "batch_size": 8, "cohort_size": 12,
-              "cohort": "full", "unroll": False}  # rolled: faster to compile
+              "cohort": "full"}
+ROLLED = fp.EngineConfig(unroll=False)  # rolled: faster to compile
 COMPOSE = {  # f = 3 of the 12-client cohort under a 30% attack
     "mean": lambda: A.mean(),
     "coordinate_median": lambda: A.coordinate_median(),
@@ -413,7 +414,8 @@ def _fedavg_params(name: str, attack: str = "A3", rounds: int = 8):
                                           "malicious": threat.malicious}
     alg = algorithms.fedavg(MODEL, aggregator=COMPOSE[name](), **FED_KW, **extra)
     state = alg.init(jax.random.key(1), fed)
-    run = jax.jit(lambda s, d: fp.core.run_rounds(alg, s, d, jax.random.key(2), rounds))
+    run = jax.jit(lambda s, d: fp.core.run_rounds(alg, s, d, jax.random.key(2), rounds,
+                                                  engine=ROLLED))
     state, metrics = run(state, fed)
     assert int(metrics["nonfinite_clients"]) == 0
     return np.concatenate([np.asarray(p).ravel()
@@ -445,11 +447,11 @@ def test_ditto_composes_with_robust_aggregators(name):
            else COMPOSE[name]())
     alg = algorithms.ditto(MODEL, lam=0.5, client_lr=0.2, personal_lr=0.1,
                            num_local_steps=2, batch_size=8, cohort_size=12,
-                           cohort="full", aggregator=agg, unroll=False,
+                           cohort="full", aggregator=agg, weighted=False,
                            attack=threat.update_attack, malicious=threat.malicious)
     state = alg.init(jax.random.key(1), fed)
     state, metrics = jax.jit(lambda s, d: fp.core.run_rounds(
-        alg, s, d, jax.random.key(2), 3))(state, fed)
+        alg, s, d, jax.random.key(2), 3, engine=ROLLED))(state, fed)
     for leaf in jax.tree.leaves((state.server.params, state.clients)):
         assert np.all(np.isfinite(np.asarray(leaf)))
     assert int(metrics["nonfinite_clients"]) == 0

@@ -2,7 +2,7 @@
 
 Every public callable of ``fedjax_pfl.algorithms`` whose return annotation is
 ``Algorithm`` is discovered and checked on tiny data (a 6-8-3 MLP, four
-synthetic clients, cohorts of 2, one local step, ``unroll=1``):
+synthetic clients, cohorts of 2, one local step, an engine with ``unroll=1``):
 
 1. every numeric keyword hyperparameter refuses NaN, inf, a negative number,
    zero, a string and a bool (an integer one also a fraction; a tuple of numbers
@@ -35,7 +35,7 @@ import pytest
 
 from fedjax_pfl import algorithms, models
 from fedjax_pfl import data as fdata
-from fedjax_pfl.core import Algorithm, EngineConfig
+from fedjax_pfl.core import Algorithm, EngineConfig, execution
 
 MLP = models.mlp((6,), 3, hidden=(8,))
 KEY = jax.random.key(0)  # the run key of every round
@@ -96,9 +96,7 @@ class Spec(NamedTuple):
 
 
 # Applied to every factory that has the argument.
-COMMON_ALLOWED = {
-    "unroll": {"bool"},  # lax.scan's meaning: True fully unrolled, False rolled
-}
+COMMON_ALLOWED: dict = {}
 FINETUNE_VIEW = {  # fedavg-style finetuning views
     "finetune_steps": {"zero"},  # 0: no finetuned view (the default)
     "finetune_lam": {"zero"},  # 0: plain finetuning
@@ -115,7 +113,10 @@ DP = {"clip": 1.0, "noise_multiplier": 0.5, "sampling_rate": 0.25,
 
 # Tiny settings every factory gets when it has the keyword.
 BASE = dict(num_local_steps=1, batch_size=8, cohort_size=2, cohort="uniform",
-            unroll=1, weighted=False)
+            weighted=False)
+# The engines the rounds run under (execution is never a factory argument).
+VMAP = EngineConfig("vmap", unroll=1)
+MAP = EngineConfig("map", map_batch_size=1, unroll=1)
 
 SPECS = {
     "afl": Spec(allowed={"lambda_lr": {"zero"}}),  # lam stays uniform (FedAvg)
@@ -312,6 +313,27 @@ def test_numeric_arguments_refuse_bad_values(name, arg):
     assert not problems, "\n".join(problems)
 
 
+def test_execution_settings_are_the_engines():
+    """No factory takes ``engine`` or ``unroll``; the engine refuses a bad
+    ``unroll`` by name (lax.scan's meaning: a bool, or an integer >= 1)."""
+    for name in FACTORIES:
+        taken = {"engine", "unroll"} & set(_keywords(name))
+        assert not taken, f"{name} takes {taken}"
+    problems = []
+    for label, value in INT_BAD.items():
+        try:
+            EngineConfig(unroll=value)
+        except ValueError as e:
+            if label == "bool" or not re.search(r"(?<!\w)unroll(?!\w)", str(e)):
+                problems.append(f"unroll={value!r} ({label}): {e}")
+        else:
+            if label != "bool":
+                problems.append(f"unroll={value!r} ({label}): accepted")
+    assert not problems, "\n".join(problems)
+    assert EngineConfig(unroll=False).unroll is False
+    assert EngineConfig(unroll=1).unroll == 1
+
+
 @pytest.mark.parametrize("name,arg", list(_cases(_is_choice)))
 def test_choice_arguments_refuse_unknown_values(name, arg):
     found = _refused_by_name(name, arg, "__not_a_choice__")
@@ -366,8 +388,8 @@ def test_round_contract(name, cheap_compiles):
     breaks, an un-jitted vmap round tells which). 4. one trace over three
     jitted rounds."""
     data = _data()
-    vmapped = _build(name, engine=EngineConfig("vmap"))
-    looped = _build(name, engine=EngineConfig("map", map_batch_size=1))
+    vmapped = _build(name)
+    looped = _build(name)
     state0 = vmapped.init(jax.random.key(1), data)
     traces = []
 
@@ -377,16 +399,19 @@ def test_round_contract(name, cheap_compiles):
 
     step = jax.jit(counted)
     state = state0
-    for r in range(3):
-        state, _ = step(state, data, KEY)
-        if r == 0:
-            jitted = state
-    plain_map, _ = looped.round_step(state0, data, KEY)
+    with execution(VMAP):
+        for r in range(3):
+            state, _ = step(state, data, KEY)
+            if r == 0:
+                jitted = state
+    with execution(MAP):
+        plain_map, _ = looped.round_step(state0, data, KEY)
     problems = []
     if len(traces) != 1:
         problems.append(f"the round was traced {len(traces)} times in 3 rounds")
     if diff := _differences(jitted, plain_map):
-        plain, _ = vmapped.round_step(state0, data, KEY)
+        with execution(VMAP):
+            plain, _ = vmapped.round_step(state0, data, KEY)
         if d := _differences(jitted, plain):
             problems.append("jit != no jit: " + "; ".join(d))
         if d := _differences(plain, plain_map):

@@ -24,7 +24,7 @@ from fedjax_pfl.algorithms import (
     ditto_linear_regression_solution,
     ditto_point_estimate_solution,
 )
-from fedjax_pfl.core import EngineConfig, KeyTag, sample_cohort
+from fedjax_pfl.core import EngineConfig, KeyTag, execution, sample_cohort
 from fedjax_pfl.core._local import client_loss, local_train, prox_penalty
 
 MODEL = models.logistic_regression((6,), 3)
@@ -43,9 +43,13 @@ def data():
         fractions=(0.72, 0.08, 0.2), seed=3)
 
 
+UNROLL1 = EngineConfig(unroll=1)  # the engine of every _ditto run
+
+
 def _ditto(**kw):
     base = dict(lam=0.5, client_lr=0.2, personal_lr=0.1, num_local_steps=2,
-                personal_steps=3, batch_size=4, cohort_size=3, unroll=1)
+                personal_steps=3, batch_size=4, cohort_size=3,
+                cohort="size_weighted", weighted=False)
     base.update(kw)
     return algorithms.ditto(MODEL, **base)
 
@@ -72,7 +76,7 @@ def test_point_estimation_matches_lemma9_and_global_is_mean():
         return algorithms.ditto(POINT, lam=lam, client_lr=0.5,
                                 personal_lr=0.8 / (1.0 + lam), num_local_steps=1,
                                 personal_steps=3, batch_size=1, cohort="full",
-                                sampling="full_batch")
+                                sampling="full_batch", weighted=False)
 
     states, _ = fp.sweep(make, {"lam": lams}, pe.data, num_rounds=40,
                          key=jax.random.key(0), splits=("train",))
@@ -99,7 +103,7 @@ def test_linear_regression_matches_eq23_no_bias():
         return algorithms.ditto(_linear_no_bias(3), lam=lam, client_lr=0.7 / g,
                                 personal_lr=0.7 / (g + lam), num_local_steps=1,
                                 personal_steps=2, batch_size=1, cohort="full",
-                                sampling="full_batch")
+                                sampling="full_batch", weighted=False)
 
     states, _ = fp.sweep(make, {"lam": lams}, lr.data, num_rounds=40,
                          key=jax.random.key(0), splits=("train",))
@@ -126,7 +130,7 @@ def test_linear_regression_with_bias_and_per_client_lam_matches_eq23():
     alg = algorithms.ditto(models.linear_regression((3,), 1), lam=jnp.asarray(lam),
                            client_lr=1.0 / big, personal_lr=1.0 / (big + 5.0),
                            num_local_steps=1, personal_steps=5, batch_size=1,
-                           cohort="full", sampling="full_batch")
+                           cohort="full", sampling="full_batch", weighted=False)
     assert (1 - small / big) ** 150 < 1e-8  # enough rounds for the slowest mode
     state = _run(alg, lr.data, 150)
     v, w_star = ditto_linear_regression_solution(xs, ys, lam)
@@ -153,7 +157,8 @@ def local_runs(data):
     def get(sampling):
         if sampling not in cache:
             cache[sampling] = _run(algorithms.local_only(
-                MODEL, client_lr=0.1, sampling=sampling, unroll=1, **LOCAL), data, 3)
+                MODEL, client_lr=0.1, sampling=sampling, **LOCAL), data, 3,
+                engine=UNROLL1)
         return cache[sampling]
 
     return get
@@ -165,7 +170,8 @@ def test_lam_zero_is_local_training(data, local_runs, batches, sampling):
     """lam = 0 gives the 'local' baseline's models. With shared
     minibatches the personal update draws the same batches as local_only."""
     ditto_state = _run(_ditto(lam=0.0, personal_lr=0.1, personal_steps=3,
-                              batches=batches, sampling=sampling, **LOCAL), data, 3)
+                              batches=batches, sampling=sampling, **LOCAL), data, 3,
+                       engine=UNROLL1)
     local_state = local_runs(sampling)
     chex.assert_trees_all_close(ditto_state.clients.personal, local_state.clients,
                                 atol=1e-6)
@@ -181,8 +187,9 @@ def test_huge_lam_tracks_round_start_global_model(data):
                  cohort="full")
     step = jax.jit(alg.round_step)
     states = [alg.init(jax.random.key(1), data)]
-    for _ in range(3):
-        states.append(step(states[-1], data, jax.random.key(0))[0])
+    with execution(UNROLL1):
+        for _ in range(3):
+            states.append(step(states[-1], data, jax.random.key(0))[0])
     before, after = states[-2:]
     w_start, w_end = before.server.params, after.server.params
     gap = lambda a, b: max(float(jnp.max(jnp.abs(x - y))) for x, y in zip(
@@ -251,8 +258,8 @@ def test_vmap_equals_map_equals_python_loop(data):
     hp = dict(lam=0.5, cohort_size=5, client_lr=0.2, personal_lr=0.1,
               num_local_steps=2, personal_steps=3, batch_size=4)
     w_loop, v_loop = _loop_rounds(data, jax.random.key(0), 2, **hp)
-    for engine in (EngineConfig("vmap"), EngineConfig("map", 1)):
-        st = _run(_ditto(engine=engine, cohort="size_weighted", **hp), data, 2)
+    for engine in (EngineConfig("vmap", unroll=1), EngineConfig("map", 1, unroll=1)):
+        st = _run(_ditto(cohort="size_weighted", **hp), data, 2, engine=engine)
         chex.assert_trees_all_close(st.server.params, w_loop, atol=1e-6)
         chex.assert_trees_all_close(st.clients.personal, v_loop, atol=1e-6)
 
@@ -261,11 +268,12 @@ def test_jit_equals_no_jit():
     pe = fdata.point_estimation_problem(num_clients=5, n=8, seed=0)
     alg = algorithms.ditto(POINT, lam=0.7, client_lr=0.3, personal_lr=0.2,
                            num_local_steps=2, personal_steps=2, batch_size=3,
-                           cohort_size=3, engine=EngineConfig("vmap"))
+                           cohort_size=3, cohort="size_weighted", weighted=False)
     state = alg.init(jax.random.key(1), pe.data)
-    a, ma = jax.jit(alg.round_step)(state, pe.data, jax.random.key(0))
-    with jax.disable_jit():
-        b, mb = alg.round_step(state, pe.data, jax.random.key(0))
+    with execution(EngineConfig("vmap")):
+        a, ma = jax.jit(alg.round_step)(state, pe.data, jax.random.key(0))
+        with jax.disable_jit():
+            b, mb = alg.round_step(state, pe.data, jax.random.key(0))
     assert _rows_changed(state.clients.personal, b.clients.personal).sum() == 3
     chex.assert_trees_all_close(a, b, atol=1e-6)
     np.testing.assert_allclose(ma["train/personal_loss"], mb["train/personal_loss"],
@@ -279,7 +287,7 @@ def test_permuting_clients_permutes_personal_models(data):
                                         split(data.test),
                                         client_ids=[data.client_ids[i] for i in perm])
     alg = _ditto(cohort="full", sampling="epoch")
-    a, b = _run(alg, data, 2), _run(alg, permuted, 2)
+    a, b = _run(alg, data, 2, engine=UNROLL1), _run(alg, permuted, 2, engine=UNROLL1)
     chex.assert_trees_all_close(_take(a.clients, perm), b.clients, atol=1e-6)
     chex.assert_trees_all_close(a.server.params, b.server.params, atol=1e-6)
 
@@ -308,7 +316,8 @@ def test_personal_models_start_at_w0_and_only_selected_clients_change(data):
         ids = set(np.asarray(sample_cohort(jax.random.fold_in(rkey, KeyTag.COHORT),
                                            data.train.counts, 2,
                                            "size_weighted")).tolist())
-        new, _ = step(state, data, key)
+        with execution(UNROLL1):
+            new, _ = step(state, data, key)
         changed = _rows_changed(state.clients.personal, new.clients.personal)
         assert set(np.flatnonzero(changed).tolist()) == ids
         same = ~changed
@@ -330,9 +339,9 @@ def test_sweep_over_lam_equals_separate_runs(data):
     lams = [0.0, 0.5, 3.0]
     make = lambda lam: _ditto(lam=lam)
     run = dict(num_rounds=4, eval_every=2, key=jax.random.key(3), splits=("test",))
-    states, hist = fp.sweep(make, {"lam": lams}, data, **run)
+    states, hist = fp.sweep(make, {"lam": lams}, data, engine=UNROLL1, **run)
     for i, lam in enumerate(lams):
-        res = fp.simulate(make(lam), data, progress=False, **run)
+        res = fp.simulate(make(lam), data, progress=False, engine=UNROLL1, **run)
         chex.assert_trees_all_close(_take(states.clients, i), res.state.clients,
                                     atol=1e-5)
         chex.assert_trees_all_close(_take(states.server.params, i),
@@ -350,11 +359,12 @@ def test_sweep_over_lam_equals_separate_runs(data):
 def test_per_client_lam_vector(data, local_runs):
     kw = dict(batches="shared", personal_lr=0.1, personal_steps=3, **LOCAL)
     c = 2.0
-    scalar = _run(_ditto(lam=c, **kw), data, 3)
-    vector = _run(_ditto(lam=jnp.full((7,), c), **kw), data, 3)
+    scalar = _run(_ditto(lam=c, **kw), data, 3, engine=UNROLL1)
+    vector = _run(_ditto(lam=jnp.full((7,), c), **kw), data, 3, engine=UNROLL1)
     chex.assert_trees_all_close(scalar.clients, vector.clients, atol=1e-6)
     _leaves_equal(scalar.server.params, vector.server.params)
-    mixed = _run(_ditto(lam=jnp.array([0.0] + [c] * 6), **kw), data, 3)
+    mixed = _run(_ditto(lam=jnp.array([0.0] + [c] * 6), **kw), data, 3,
+                 engine=UNROLL1)
     local = local_runs("with_replacement")
     first = lambda t: jax.tree.map(lambda a: a[:1], t)
     rest = lambda t: jax.tree.map(lambda a: a[1:], t)
@@ -419,7 +429,8 @@ def test_paper_selection_keeps_best_validation_candidate(data, metric, kw, grid,
                  personal_lr=0.3, personal_steps=4, **kw)
     state = alg.init(jax.random.key(1), data)
     assert np.all(np.asarray(state.clients.lam) == 0.5)  # the lam argument
-    new, metrics = jax.jit(alg.round_step)(state, data, jax.random.key(0))
+    with execution(UNROLL1):
+        new, metrics = jax.jit(alg.round_step)(state, data, jax.random.key(0))
     lams, vs = _expected_selection(data, state, jax.random.key(0), metric, grid,
                                    fallback, min_val, lr=0.3, steps=4, batch_size=4)
     got = np.asarray(new.clients.lam)
@@ -435,9 +446,10 @@ def test_greedy_step_lams_in_grid_and_one_step_equals_paper_rule(data):
     kw = dict(lam_grid=grid, fallback_lam=fallback, cohort="full", personal_lr=0.3)
     # With one personal step, per-step greedy selection IS the paper rule (and
     # the paper rule's vmap over candidates inside a vmapped cohort == map's).
-    a = _run(_ditto(lam_selection="greedy_step", personal_steps=1, **kw), data, 2)
-    b = _run(_ditto(lam_selection="paper", personal_steps=1,
-                    engine=EngineConfig("vmap"), **kw), data, 2)
+    a = _run(_ditto(lam_selection="greedy_step", personal_steps=1, **kw), data, 2,
+             engine=UNROLL1)
+    b = _run(_ditto(lam_selection="paper", personal_steps=1, **kw), data, 2,
+             engine=EngineConfig("vmap", unroll=1))
     got = np.asarray(a.clients.lam)
     assert set(got.tolist()) <= set(grid)
     np.testing.assert_array_equal(got[np.asarray(data.val.counts) < 4], fallback)
@@ -641,7 +653,8 @@ def test_simulator_lambda_star_beats_local_and_global(cfg):
     def run(lam, d):
         alg = algorithms.ditto(POINT, lam=lam, client_lr=0.5,
                                personal_lr=0.8 / (1 + lam), num_local_steps=1,
-                               personal_steps=2, cohort="full", sampling="full_batch")
+                               personal_steps=2, cohort="full", sampling="full_batch",
+                               weighted=False)
         state = fp.core.run_rounds(alg, alg.init(jax.random.key(0), d), d,
                                    jax.random.key(1), 30)[0]
         return state.clients.personal["w"][:, 0]
@@ -677,11 +690,14 @@ def test_finetune_step_counts_share_one_stream(data):
     one = _ditto(finetune_steps=4, finetune_lam=0.0)
     many = _ditto(finetune_steps=(4,), finetune_lam=0.0)
     state = one.init(key, data)
-    a = one.eval_models(state, data, key)["finetuned"].params
-    b = many.eval_models(state, data, key)["finetuned_4"].params
+    with execution(UNROLL1):
+        a = one.eval_models(state, data, key)["finetuned"].params
+        b = many.eval_models(state, data, key)["finetuned_4"].params
+        views = _ditto(finetune_steps=(1, 6), finetune_lam=0.0).eval_models(
+            state, data, key)
+        prox = _ditto(finetune_steps=6, finetune_lam=5.0).eval_models(state, data,
+                                                                      key)
     _leaves_equal(a, b)
-    views = _ditto(finetune_steps=(1, 6), finetune_lam=0.0).eval_models(
-        state, data, key)
     assert set(views) == {"global", "personal", "finetuned_1", "finetuned_6"}
     w = state.server.params
 
@@ -690,7 +706,6 @@ def test_finetune_step_counts_share_one_stream(data):
                          zip(jax.tree.leaves(p), jax.tree.leaves(w))))
 
     assert dist(views["finetuned_1"].params) < dist(views["finetuned_6"].params)
-    prox = _ditto(finetune_steps=6, finetune_lam=5.0).eval_models(state, data, key)
     assert dist(prox["finetuned"].params) < dist(views["finetuned_6"].params)
     with pytest.raises(ValueError, match="finetune_steps"):
         _ditto(finetune_steps=(0, 3))

@@ -12,7 +12,7 @@ import optax
 import pytest
 from helpers import leaves_equal as _leaves_equal
 from helpers import rows_changed as _rows_changed
-from helpers import run_jitted as _run
+from helpers import run_jitted
 from helpers import take as _take
 
 import fedjax_pfl as fp
@@ -20,12 +20,18 @@ from fedjax_pfl import aggregators, algorithms, attacks, models
 from fedjax_pfl import data as fdata
 from fedjax_pfl.aggregators import moreau
 from fedjax_pfl.algorithms._fedplus import fedplus_sgd
-from fedjax_pfl.core import EngineConfig, KeyTag, sample_cohort
+from fedjax_pfl.core import EngineConfig, KeyTag, execution, sample_cohort
 from fedjax_pfl.core._local import local_train, prox_penalty
 from fedjax_pfl.data._federated import client_batch_indices, gather_batch
 from fedjax_pfl.models._model import batch_loss
 
 MODEL = models.logistic_regression((5,), 3)
+UNROLL1 = EngineConfig(unroll=1)  # the engine of every round here
+
+
+def _run(alg, data, num_rounds, **kw):
+    """``helpers.run_jitted`` under ``UNROLL1`` unless ``engine=`` says."""
+    return run_jitted(alg, data, num_rounds, **{"engine": UNROLL1, **kw})
 
 
 @pytest.fixture(scope="module")
@@ -127,13 +133,14 @@ def test_zero_loss_local_solve_contracts_to_anchor():
     eta, sigma, delta, lam, e_k = 0.1, 5.0, 0.4, 0.3, np.array([1, 3, 7])
     alg = algorithms.fedavg_plus(_zero_loss_model(4), sigma=sigma, delta=delta,
                                  client_lr=eta, local_steps_per_client=e_k,
-                                 init_mix=lam, batch_size=2, cohort="full", unroll=1)
+                                 init_mix=lam, batch_size=2, cohort="full")
     state = alg.init(jax.random.key(0), fed)
     w_t = rng.normal(size=4).astype(np.float32)
     w_k = rng.normal(size=(3, 4)).astype(np.float32)
     state = _with_clients(state._replace(server=state.server._replace(
         params={"w": jnp.asarray(w_t)})), {"w": jnp.asarray(w_k)})
-    new, _ = jax.jit(alg.round_step)(state, fed, jax.random.key(0))
+    with execution(UNROLL1):
+        new, _ = jax.jit(alg.round_step)(state, fed, jax.random.key(0))
     kappa = 1.0 / (1.0 + eta * sigma)
     z = w_t + (w_k - w_t) / (1 + delta)
     w0 = (1 - lam) * w_k + lam * w_t
@@ -152,14 +159,14 @@ def test_quadratic_full_batch_closed_form():
     eta, sigma, delta, e_k = 0.2, 3.0, 0.5, np.array([2, 5, 4])
     alg = algorithms.fedgeomed_plus(models.mean_model(2), sigma=sigma, delta=delta,
                                     client_lr=eta, local_steps_per_client=e_k,
-                                    batch_size=1, sampling="full_batch", cohort="full",
-                                    unroll=1)
+                                    batch_size=1, sampling="full_batch", cohort="full")
     state = alg.init(jax.random.key(0), fed)
     w_t = rng.normal(size=2).astype(np.float32)
     w_k = (w_t + np.array([[0.1, 0.1], [2.0, -1.0], [-3.0, 0.5]])).astype(np.float32)
     state = _with_clients(state._replace(server=state.server._replace(
         params={"w": jnp.asarray(w_t)})), {"w": jnp.asarray(w_k)})
-    new, _ = jax.jit(alg.round_step)(state, fed, jax.random.key(0))
+    with execution(UNROLL1):
+        new, _ = jax.jit(alg.round_step)(state, fed, jax.random.key(0))
     u = w_k - w_t
     norm = np.linalg.norm(u, axis=1, keepdims=True)
     z = w_t + np.maximum(0, 1 - delta / norm) * u  # party 0: ||u|| < delta, theta = 0
@@ -177,7 +184,7 @@ def _quad_alg(psi, e, sigma, lf, lam=0.0, **kw):
         num_local_steps=e)
     return algorithms.fedplus(_linear_no_bias(3), psi=psi, sigma=sigma,
                               client_lr=1.0 / lf, init_mix=lam, batch_size=1,
-                              sampling="full_batch", cohort="full", unroll=1,
+                              sampling="full_batch", cohort="full", weighted=False,
                               **steps, **kw)
 
 
@@ -297,12 +304,13 @@ def _f_sigma_trajectory(psi, agg_set, lam, rounds=25):
                              client_lr=1.0 / lf, init_mix=lam,
                              local_steps_per_client=e_k, batch_size=1,
                              sampling="full_batch", cohort_size=3, agg_set=agg_set,
-                             agg_tol=1e-7, agg_iters=500, unroll=1)
+                             agg_tol=1e-7, agg_iters=500, weighted=False)
     step = jax.jit(alg.round_step)
     state = alg.init(jax.random.key(0), fed)
     out = []
     for _ in range(rounds):
-        state, _ = step(state, fed, jax.random.key(7))
+        with execution(UNROLL1):
+            state, _ = step(state, fed, jax.random.key(7))
         out.append(_f_sigma(quads, np.asarray(state.clients.params["w"], np.float64),
                             sigma, delta, psi))
     return np.asarray(out)
@@ -325,8 +333,7 @@ def test_f_sigma_is_monotone_with_all_n_aggregation(psi):
 # --------------------------------------------- O6 / Table 1: the reductions
 
 
-FEDAVG_KW = dict(client_lr=0.2, num_local_steps=3, batch_size=4, cohort_size=3,
-                 unroll=1)
+FEDAVG_KW = dict(client_lr=0.2, num_local_steps=3, batch_size=4, cohort_size=3)
 
 
 def test_sigma0_lambda1_mean_is_fedavg_bit_for_bit(data):
@@ -347,7 +354,8 @@ def test_fedavg_with_the_moreau_mean_over_all_parties(data):
     """Table 1 'FedAvg' with Fed+'s own aggregator: Psi = ind0 (theta = 0, the
     unweighted mean), full participation, agg_set='all'."""
     kw = dict(FEDAVG_KW, cohort="full")
-    plus = algorithms.fedplus(MODEL, psi="ind0", sigma=0.0, init_mix=1.0, **kw)
+    plus = algorithms.fedplus(MODEL, psi="ind0", sigma=0.0, init_mix=1.0,
+                              weighted=False, **kw)
     a = _run(plus, data, 3)
     b = _run(algorithms.fedavg(MODEL, weighted=False, **kw), data, 3)
     chex.assert_trees_all_close(a.server.params, b.server.params, atol=1e-6)
@@ -389,7 +397,7 @@ def test_fedprox_is_ind0_lambda1(data):
     averages (uniform cohort of 3, agg_set='sampled')."""
     mu, key = 3.0, jax.random.key(0)
     alg = algorithms.fedplus(MODEL, psi="ind0", sigma=mu, init_mix=1.0,
-                             agg_set="sampled", **FEDAVG_KW)
+                             agg_set="sampled", weighted=False, **FEDAVG_KW)
     st = alg.init(jax.random.key(1), data)
     w = st.server.params
     for t in range(2):
@@ -415,7 +423,8 @@ def test_rfa_and_coordinatewise_median_rows(data, psi):
     key = jax.random.key(0)
     kw = dict(FEDAVG_KW, cohort_size=5)
     alg = algorithms.fedplus(MODEL, psi=psi, delta=1e-4, sigma=0.0, init_mix=1.0,
-                             agg_set="sampled", agg_tol=1e-8, agg_iters=500, **kw)
+                             agg_set="sampled", agg_tol=1e-8, agg_iters=500,
+                             weighted=False, **kw)
     st = alg.init(jax.random.key(1), data)
     w = st.server.params
     _, vs = _cohort_local_models(data, key, 0, 5, w, 0.2)
@@ -434,7 +443,7 @@ def test_rfa_and_coordinatewise_median_rows(data, psi):
 
 LOOP = dict(sigma=2.0, delta=0.05, client_lr=0.2, init_mix=0.3, batch_size=4,
             cohort_size=3, local_steps_per_client=np.array([3, 1, 2, 3, 2, 1, 3]),
-            unroll=1)
+            weighted=False)
 
 
 def _np_prox_l2(u, delta):
@@ -497,15 +506,15 @@ def _loop_rounds(data, key, num_rounds, agg_set):
 
 
 @pytest.mark.parametrize("agg_set,engines", [
-    ("all", (EngineConfig("vmap"), EngineConfig("map", 1))),
-    ("sampled", (EngineConfig("map", 2),))])
+    ("all", (EngineConfig("vmap", unroll=1), EngineConfig("map", 1, unroll=1))),
+    ("sampled", (EngineConfig("map", 2, unroll=1),))])
 def test_vmap_equals_map_equals_python_loop(data, agg_set, engines):
     """Every engine == a Python loop over parties (l2 prox,
     lambda = 0.3, E_k in {1, 2, 3}, 3 of 7 parties a round, 3 rounds)."""
     w_loop, wk_loop = _loop_rounds(data, jax.random.key(0), 3, agg_set)
     for engine in engines:
-        st = _run(algorithms.fedplus(MODEL, agg_set=agg_set, engine=engine, **LOOP),
-                  data, 3)
+        st = _run(algorithms.fedplus(MODEL, agg_set=agg_set, **LOOP), data, 3,
+                  engine=engine)
         chex.assert_trees_all_close(st.server.params, w_loop, atol=2e-5)
         chex.assert_trees_all_close(st.clients.params, wk_loop, atol=2e-5)
     assert np.asarray(st.clients.trained).sum() >= 4
@@ -516,18 +525,20 @@ def _small(**kw):
     fed, _, lf = _quadratics()
     base = dict(sigma=2.0, delta=0.05, client_lr=0.5 / lf, init_mix=0.3,
                 local_steps_per_client=np.array([1, 3, 2, 3]), batch_size=4,
-                cohort_size=3, unroll=1)
+                cohort_size=3, weighted=False)
     base.update(kw)
     return fed, lambda **k: algorithms.fedplus(_linear_no_bias(3), **dict(base, **k))
 
 
 def test_jit_equals_no_jit():
-    fed, make = _small(cohort="full", engine=EngineConfig("vmap"), agg_iters=4)
+    fed, make = _small(cohort="full", agg_iters=4)
+    vmap = EngineConfig("vmap", unroll=1)
     alg = make()
-    state = _run(alg, fed, 2)  # theta != 0 from here on
-    a, ma = jax.jit(alg.round_step)(state, fed, jax.random.key(0))
-    with jax.disable_jit():
-        b, mb = alg.round_step(state, fed, jax.random.key(0))
+    state = _run(alg, fed, 2, engine=vmap)  # theta != 0 from here on
+    with execution(vmap):
+        a, ma = jax.jit(alg.round_step)(state, fed, jax.random.key(0))
+        with jax.disable_jit():
+            b, mb = alg.round_step(state, fed, jax.random.key(0))
     chex.assert_trees_all_close(a, b, atol=1e-5, rtol=1e-5)
     for k in ("train/loss", "train/offset_norm", "server/update_norm"):
         np.testing.assert_allclose(ma[k], mb[k], rtol=1e-5)
@@ -550,7 +561,8 @@ def test_compiles_once_only_cohort_changes_and_untrained_use_global(data):
         ids = set(np.asarray(sample_cohort(
             jax.random.fold_in(jax.random.fold_in(key, t), KeyTag.COHORT),
             data.train.counts, 2, "uniform")).tolist())
-        new, metrics = step(state, data, key)
+        with execution(UNROLL1):
+            new, metrics = step(state, data, key)
         changed = _rows_changed(state.clients.params, new.clients.params)
         assert set(np.flatnonzero(changed).tolist()) == ids
         assert float(metrics["server/update_norm"]) > 0
@@ -571,13 +583,15 @@ def test_sweep_over_sigma_and_init_mix_equals_separate_runs():
     fed, make = _small()
     hp = {"sigma": [0.0, 8.0], "init_mix": [1.0, 0.0]}
     key = jax.random.key(3)
-    states, _ = fp.sweep(make, hp, fed, num_rounds=3, key=key, splits=("train",))
+    states, _ = fp.sweep(make, hp, fed, num_rounds=3, key=key, splits=("train",),
+                         engine=UNROLL1)
     init_key, run_key = jax.random.split(key)
 
     @jax.jit  # one un-vmapped run per value (traced scalars: compiled once)
     def separate(sigma, init_mix):
         alg = make(sigma=sigma, init_mix=init_mix)
-        return fp.core.run_rounds(alg, alg.init(init_key, fed), fed, run_key, 3)[0]
+        return fp.core.run_rounds(alg, alg.init(init_key, fed), fed, run_key, 3,
+                                  engine=UNROLL1)[0]
 
     for i in range(2):
         st = separate(jnp.float32(hp["sigma"][i]), jnp.float32(hp["init_mix"][i]))
@@ -658,11 +672,12 @@ def test_presets_pick_psi():
     no compilation); a different psi gives a different program."""
     fed, _, lf = _quadratics(num_clients=3)
     kw = dict(sigma=1.0, delta=0.2, client_lr=1.0 / lf, num_local_steps=2,
-              batch_size=1, sampling="full_batch", cohort="full", unroll=1)
+              batch_size=1, sampling="full_batch", cohort="full")
 
     def program(alg):
         state = alg.init(jax.random.key(0), fed)
-        return str(jax.make_jaxpr(alg.round_step)(state, fed, jax.random.key(0)))
+        with execution(UNROLL1):
+            return str(jax.make_jaxpr(alg.round_step)(state, fed, jax.random.key(0)))
 
     progs = {psi: program(algorithms.fedplus(_linear_no_bias(3), psi=psi, **kw))
              for psi in ("sq", "l2", "l1")}

@@ -13,14 +13,15 @@ import numpy as np
 import pytest
 from helpers import leaves_equal, rows_changed, run_jitted, take
 
-from fedjax_pfl import algorithms, attacks, models
+from fedjax_pfl import EngineConfig, algorithms, attacks, models
 from fedjax_pfl import data as fdata
 from fedjax_pfl import toolkit as tk
 from fedjax_pfl.algorithms import _fedrep, _lgfedavg
-from fedjax_pfl.core import sample_cohort
+from fedjax_pfl.core import execution, sample_cohort
 
 MODEL = models.mlp((6,), 3, hidden=(8,))  # layers Dense_0, Dense_1
-HP = dict(client_lr=0.2, num_local_steps=2, batch_size=4, cohort_size=3, unroll=1)
+HP = dict(client_lr=0.2, num_local_steps=2, batch_size=4, cohort_size=3)
+UNROLL1 = EngineConfig(unroll=1)  # every round's engine
 METHODS = {
     "fedrep": lambda **kw: algorithms.fedrep(MODEL, **{"head_steps": 3, **HP, **kw}),
     "lg_fedavg": lambda **kw: algorithms.lg_fedavg(MODEL, **{**HP, **kw}),
@@ -41,7 +42,7 @@ def _run(data, name, **kw):
     """Two jitted rounds of ``METHODS[name](**kw)`` (cached)."""
     k = (name, tuple(sorted(kw.items())))
     if k not in _RUNS:
-        _RUNS[k] = run_jitted(METHODS[name](**kw), data, 2)
+        _RUNS[k] = run_jitted(METHODS[name](**kw), data, 2, engine=UNROLL1)
     return _RUNS[k]
 
 
@@ -57,7 +58,7 @@ def _cohort(data, key, t, m):
 def _kernel(name):
     """The method's module-level one-client kernel with METHODS' settings:
     ``(server, client_state, cid, key, data) -> ClientResult``."""
-    cfg = tk.make_local_config(0.2, 2, 4, "with_replacement", 1)
+    cfg = tk.make_local_config(0.2, 2, 4, "with_replacement", unroll=1)
     if name == "fedrep":
         return functools.partial(_fedrep.client_update, MODEL,
                                  cfg._replace(num_steps=3), cfg, False)
@@ -99,7 +100,8 @@ def test_lifted_equals_loop_only_cohort_changes_compiles_once(name, data):
     key, one = jax.random.key(7), jax.jit(_kernel(name))
     for t in range(3):
         w, personal = _loop(one, state, data, key, t)
-        new, _ = step(state, data, key)
+        with execution(UNROLL1):
+            new, _ = step(state, data, key)
         chex.assert_trees_all_close(new.server.params, w, atol=1e-6)
         chex.assert_trees_all_close(new.clients, personal, atol=1e-6)
         changed = rows_changed(state.clients, new.clients)
@@ -127,12 +129,12 @@ def test_reductions_to_fedavg_and_local(data):
     are FedAvg (same minibatch stream: the client key); LG-FedAvg with every
     layer local is local training."""
     both = ("Dense_0", "Dense_1")
-    ref = run_jitted(algorithms.fedavg(MODEL, **HP), data, 2)
+    ref = run_jitted(algorithms.fedavg(MODEL, **HP), data, 2, engine=UNROLL1)
     leaves_equal(_run(data, "fedrep", head_layers=()).server.params,
                  ref.server.params)
     leaves_equal(_run(data, "lg_fedavg", head_layers=both).server.params,
                  ref.server.params)
-    local = run_jitted(algorithms.local_only(MODEL, **HP), data, 2)
+    local = run_jitted(algorithms.local_only(MODEL, **HP), data, 2, engine=UNROLL1)
     lg_local = _run(data, "lg_fedavg", head_layers=())
     leaves_equal(lg_local.clients, local.clients)
 
@@ -152,7 +154,7 @@ def test_engine_attacks_the_uploads(data):
     every = np.ones(6, bool)  # every client malicious: the body must move
     clean = _run(data, "fedrep")
     hit = run_jitted(METHODS["fedrep"](attack=attacks.model_replacement(10.0),
-                                       malicious=every), data, 2)
+                                       malicious=every), data, 2, engine=UNROLL1)
     diff = jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b))),
                         clean.server.params, hit.server.params)
     assert max(jax.tree.leaves(diff)) > 1e-3
@@ -167,7 +169,6 @@ BAD = [
     (dict(num_local_steps=0), "num_local_steps"),
     (dict(num_local_steps=True), "num_local_steps"),
     (dict(batch_size=True), "batch_size"),
-    (dict(unroll=0), "unroll"),
     (dict(local_epochs=0.0), "local_epochs"),
     (dict(batch_size=2.5), "batch_size"),
     (dict(cohort_size=0), "cohort_size"),

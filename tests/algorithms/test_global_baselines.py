@@ -25,6 +25,8 @@ from fedjax_pfl.core import EngineConfig, round_cohort
 MODEL = models.logistic_regression((6,), 3)
 POINT = models.mean_model(1)
 KEY = jax.random.key(0)  # the run key of helpers.run_jitted
+UNROLL1 = EngineConfig(unroll=1)
+VMAP1 = EngineConfig("vmap", unroll=1)  # the point oracles' engine (FULL)
 
 
 @pytest.fixture(scope="module")
@@ -49,9 +51,10 @@ def _cohorts(d, rounds, m, cohort="uniform"):
 
 
 def _traced(make, d, rounds, **hparams):
-    """``rounds`` jitted rounds of ``make(**hparams)`` with the hyperparameters
-    passed as traced float32 arrays (as ``fp.sweep`` passes them)."""
-    run = jax.jit(lambda hp: _run(make(**hp), d, rounds))
+    """``rounds`` jitted rounds of ``make(**hparams)`` under ``VMAP1`` with the
+    hyperparameters passed as traced float32 arrays (as ``fp.sweep`` passes
+    them)."""
+    run = jax.jit(lambda hp: _run(make(**hp), d, rounds, engine=VMAP1))
     return run({k: jnp.float32(v) for k, v in hparams.items()})
 
 
@@ -59,8 +62,7 @@ def _w(state_params):
     return float(np.asarray(state_params["w"])[0])
 
 
-FULL = {"sampling": "full_batch", "batch_size": 1, "engine": EngineConfig("vmap"),
-        "unroll": 1}
+FULL = {"sampling": "full_batch", "batch_size": 1}  # run under VMAP1
 
 
 # ---------------------------------------------------------------- FedProx
@@ -70,11 +72,11 @@ def test_fedprox_mu_zero_is_fedavg_bit_for_bit(data):
     """With a robust aggregator and an attack too (FedProx takes every fedavg
     option through the same global_solver)."""
     kw = {"client_lr": 0.3, "num_local_steps": 3, "batch_size": 4, "cohort_size": 3,
-          "unroll": 1, "aggregator": fp.aggregators.coordinate_median(),
+          "aggregator": fp.aggregators.coordinate_median(),
           "attack": attacks.model_replacement(),
           "malicious": np.array([1, 0, 0, 1, 0], bool)}
-    a = _run(algorithms.fedprox(MODEL, mu=0.0, **kw), data, 3)
-    b = _run(algorithms.fedavg(MODEL, **kw), data, 3)
+    a = _run(algorithms.fedprox(MODEL, mu=0.0, **kw), data, 3, engine=UNROLL1)
+    b = _run(algorithms.fedavg(MODEL, **kw), data, 3, engine=UNROLL1)
     _leaves_equal(a.server.params, b.server.params)  # mu > 0 differs: the sweep
 
 
@@ -105,13 +107,14 @@ def test_fedprox_sweep_over_mu_equals_separate_runs(data):
     mus = [0.0, 3.0]
     make = lambda mu: algorithms.fedprox(MODEL, mu=mu, client_lr=0.3,
                                          num_local_steps=3, batch_size=4,
-                                         cohort_size=3, unroll=1)
+                                         cohort_size=3)
     key = jax.random.key(3)
     states, hist = fp.sweep(make, {"mu": mus}, data, num_rounds=3, key=key,
-                            splits=("test",))
+                            splits=("test",), engine=UNROLL1)
     init_key, run_key = jax.random.split(key)
     alone = jax.jit(lambda mu: fp.core.run_rounds(
-        make(mu), make(mu).init(init_key, data), data, run_key, 3)[0])
+        make(mu), make(mu).init(init_key, data), data, run_key, 3,
+        engine=UNROLL1)[0])
     for i, mu in enumerate(mus):
         chex.assert_trees_all_close(_take(states.server, i),
                                     alone(jnp.float32(mu)).server, atol=1e-6)
@@ -127,7 +130,7 @@ def test_scaffold_matches_point_oracle_and_c_is_mean_of_ck():
     lr, glr, steps, rounds, m, num = 0.3, 0.7, 3, 4, 3, 5
     make = lambda lr, glr: algorithms.scaffold(
         POINT, client_lr=lr, global_lr=glr, num_local_steps=steps, cohort_size=m,
-        **FULL)
+        weighted=False, **FULL)
     x, c, ck = 0.0, 0.0, np.zeros(num)
     for ids in _cohorts(d, rounds, m):
         dys, dcs = [], []
@@ -160,10 +163,9 @@ def test_scaffold_one_client_is_local_sgd():
     ``c_1 - c`` may be a few ulps instead of 0)."""
     one = fdata.fedprox_synthetic(1.0, 1.0, num_clients=1, dim=6, num_classes=3,
                                   min_size=20, max_size=30, seed=1)
-    kw = {"client_lr": 0.3, "num_local_steps": 4, "batch_size": 5, "cohort": "full",
-          "unroll": 1}
-    s = _run(algorithms.scaffold(MODEL, global_lr=1.0, **kw), one, 3)
-    loc = _run(algorithms.local_only(MODEL, **kw), one, 3)
+    kw = {"client_lr": 0.3, "num_local_steps": 4, "batch_size": 5, "cohort": "full"}
+    s = _run(algorithms.scaffold(MODEL, global_lr=1.0, **kw), one, 3, engine=UNROLL1)
+    loc = _run(algorithms.local_only(MODEL, **kw), one, 3, engine=UNROLL1)
     chex.assert_trees_all_close(s.server.params, jax.tree.map(
         lambda a: a[0], loc.clients), atol=1e-6)
     chex.assert_trees_all_close(s.server.control, jax.tree.map(lambda a: a[0],
@@ -179,7 +181,7 @@ def test_feddyn_matches_point_oracle():
     alpha, lr, steps, m, num = 0.5, 0.2, 3, 3, 5
     make = lambda alpha: algorithms.feddyn(
         POINT, alpha=alpha, client_lr=lr, num_local_steps=steps, cohort_size=m,
-        **FULL)
+        weighted=False, **FULL)
     w, h, g = 0.0, 0.0, np.zeros(num)
     for ids in _cohorts(d, 3, m):
         ws = []
@@ -208,7 +210,7 @@ def test_qffl_matches_point_oracle(variant, qs):
     L, lr, steps, m = 4.0, 0.3, 2, 3
     run = jax.jit(lambda q: _run(algorithms.qffl(
         POINT, q=q, lipschitz_L=L, variant=variant, client_lr=lr,
-        num_local_steps=steps, cohort_size=m, **FULL), d, 3).server)
+        num_local_steps=steps, cohort_size=m, **FULL), d, 3, engine=VMAP1).server)
     for q in qs:
         w = 0.0
         for ids in _cohorts(d, 3, m):
@@ -233,10 +235,10 @@ def test_qffl_q_zero_is_unweighted_fedavg(data):
     q = 0 is the point oracle's gradient step at 1/L)."""
     L = 5.0
     kw = {"client_lr": 0.3, "num_local_steps": 3, "batch_size": 4,
-          "cohort_size": 3, "unroll": 1}
+          "cohort_size": 3}
     a = _run(algorithms.qffl(MODEL, q=0.0, lipschitz_L=L, **kw),
-             data, 3)
-    b = _run(algorithms.fedavg(MODEL, weighted=False, **kw), data, 3)
+             data, 3, engine=UNROLL1)
+    b = _run(algorithms.fedavg(MODEL, weighted=False, **kw), data, 3, engine=UNROLL1)
     chex.assert_trees_all_close(a.server, b.server.params, atol=1e-6)
 
 
@@ -274,7 +276,7 @@ def test_afl_matches_point_oracle():
     d, ybar, var = _point_data()
     lr, lam_lr, num = 0.4, 0.3, 5
     make = lambda lam_lr: algorithms.afl(POINT, lambda_lr=lam_lr, client_lr=lr,
-                                         **FULL)
+                                         num_local_steps=1, cohort="full", **FULL)
     w, lam = 0.0, np.full(num, 1.0 / num)
     for _ in range(4):
         f = 0.5 * (w - ybar) ** 2 + 0.5 * var
@@ -288,9 +290,9 @@ def test_afl_matches_point_oracle():
 
 def test_afl_lambda_lr_zero_is_unweighted_fedavg(data):
     kw = {"client_lr": 0.3, "num_local_steps": 3, "batch_size": 4, "cohort": "full",
-          "sampling": "with_replacement", "unroll": 1}
-    a = _run(algorithms.afl(MODEL, lambda_lr=0.0, **kw), data, 3)
-    b = _run(algorithms.fedavg(MODEL, weighted=False, **kw), data, 3)
+          "sampling": "with_replacement"}
+    a = _run(algorithms.afl(MODEL, lambda_lr=0.0, **kw), data, 3, engine=UNROLL1)
+    b = _run(algorithms.fedavg(MODEL, weighted=False, **kw), data, 3, engine=UNROLL1)
     chex.assert_trees_all_close(a.server.params, b.server.params, atol=1e-6)
     np.testing.assert_array_equal(a.server.lam, np.full(5, 0.2, np.float32))
 
@@ -336,7 +338,7 @@ def test_pfedme_matches_point_oracle():
     hp = {"lam": 2.0, "inner_steps": 3, "inner_lr": 0.1}
     run = jax.jit(lambda beta: _run(algorithms.pfedme(
         POINT, client_lr=0.2, num_local_steps=3, cohort_size=3, beta=beta, **hp,
-        **FULL), d, 3))
+        weighted=False, **FULL), d, 3, engine=VMAP1))
     for beta in (1.0, 1.5):
         w, theta = _pfedme_oracle(d, ybar, _cohorts(d, 3, 3), lr=0.2, steps=3,
                                   num=5, beta=beta, **hp)
@@ -351,11 +353,12 @@ def test_pfedme_beta_mixes_round_start_and_beta_one_model(data):
     """One round: ``w_beta = (1 - beta) w^t + beta w_{beta=1}`` (same cohort and
     minibatches); the personal models do not depend on beta."""
     kw = {"lam": 5.0, "inner_steps": 2, "inner_lr": 0.05, "client_lr": 0.1,
-          "num_local_steps": 3, "batch_size": 4, "cohort_size": 3, "unroll": 1}
+          "num_local_steps": 3, "batch_size": 4, "cohort_size": 3}
     state = algorithms.pfedme(MODEL, **kw).init(jax.random.key(1), data)
     w0 = state.server.params
     run = jax.jit(lambda beta: fp.core.run_rounds(
-        algorithms.pfedme(MODEL, beta=beta, **kw), state, data, KEY, 1)[0])
+        algorithms.pfedme(MODEL, beta=beta, **kw), state, data, KEY, 1,
+        engine=UNROLL1)[0])
     one, mixed = run(jnp.float32(1.0)), run(jnp.float32(0.3))
     chex.assert_trees_all_close(mixed.server.params, jax.tree.map(
         lambda a, b: 0.7 * a + 0.3 * b, w0, one.server.params), atol=1e-6)
@@ -377,7 +380,7 @@ METHODS = {
                                              inner_lr=0.05, **kw),
 }
 BASE = {"client_lr": 0.2, "num_local_steps": 2, "batch_size": 4, "cohort_size": 3,
-        "cohort": "uniform", "sampling": "with_replacement", "unroll": 1}
+        "cohort": "uniform", "sampling": "with_replacement"}
 
 
 @pytest.mark.parametrize("name", sorted(METHODS))
@@ -388,9 +391,9 @@ def test_simulate_vmap_equals_map_and_compiles_once(data, name):
     mal = np.array([0, 1, 0, 0, 0], bool)
     kw = dict(BASE, attack=attacks.model_replacement(-2.0), malicious=mal)
     key = jax.random.key(5)
-    res = fp.simulate(METHODS[name](engine=EngineConfig("vmap"), **kw), data,
-                      num_rounds=3, key=key, progress=False, splits=("test",))
-    alg = METHODS[name](engine=EngineConfig("map", 1), **kw)
+    res = fp.simulate(METHODS[name](**kw), data, num_rounds=3, key=key,
+                      progress=False, splits=("test",), engine=VMAP1)
+    alg = METHODS[name](**kw)
     init_key, run_key = jax.random.split(key)
     state = alg.init(init_key, data)
     chex.clear_trace_counter()
@@ -400,8 +403,9 @@ def test_simulate_vmap_equals_map_and_compiles_once(data, name):
     def step(s, d):
         return alg.round_step(s, d, run_key)
 
-    for _ in range(3):
-        state, metrics = step(state, data)
+    with fp.core.execution(EngineConfig("map", 1, unroll=1)):
+        for _ in range(3):
+            state, metrics = step(state, data)
     chex.assert_trees_all_close(state, res.state, atol=1e-5)
     last = res.history[-1]
     assert np.isfinite(last["global/test/accuracy/mean"])

@@ -9,7 +9,7 @@ import pytest
 from helpers import run_jitted
 
 from fedjax_pfl import algorithms, attacks, data, models
-from fedjax_pfl.core import EngineConfig
+from fedjax_pfl.core import EngineConfig, execution
 
 
 def _data(n=4, rows=12, dim=4, classes=3, same=False, seed=0):
@@ -24,6 +24,7 @@ def _data(n=4, rows=12, dim=4, classes=3, same=False, seed=0):
 
 
 DUAL = algorithms.dual_mlp((4,), 3, (5,))
+UNROLL1 = EngineConfig(unroll=1)
 
 # ------------------------------------------------------------- attaching module
 
@@ -118,10 +119,10 @@ def test_dual_models_compose_and_parameter_counts():
 
 def test_off_is_fedavg():
     d = _data()
-    kw = {"client_lr": 0.1, "num_local_steps": 3, "batch_size": 4, "cohort_size": 2,
-          "unroll": 1}
-    a = run_jitted(algorithms.lindt(DUAL, mode="off", **kw), d, 3)
-    b = run_jitted(algorithms.fedavg(DUAL.model, weighted=False, **kw), d, 3)
+    kw = {"client_lr": 0.1, "num_local_steps": 3, "batch_size": 4, "cohort_size": 2}
+    a = run_jitted(algorithms.lindt(DUAL, mode="off", **kw), d, 3, engine=UNROLL1)
+    b = run_jitted(algorithms.fedavg(DUAL.model, weighted=False, **kw), d, 3,
+                   engine=UNROLL1)
     for x, y in zip(jax.tree.leaves(a.server.params), jax.tree.leaves(b.server.params),
                     strict=True):
         np.testing.assert_allclose(x, y, atol=1e-6)
@@ -137,13 +138,13 @@ def test_vmap_equals_loop_and_compiles_once():
         alg = algorithms.lindt(DUAL, mode="always", local_epochs=1.0, batch_size=4,
                                cohort_size=3, clip=0.5,
                                malicious=mal, malicious_multiplier=2,
-                               engine=EngineConfig(strategy, 1), lr_decay=0.9,
-                               unroll=1)
+                               lr_decay=0.9)
         step = jax.jit(chex.assert_max_traces(
             lambda s, d, k, alg=alg: alg.round_step(s, d, k), n=1))
         s = alg.init(jax.random.key(0), d)
-        for _ in range(3):
-            s, m = step(s, d, jax.random.key(5))
+        with execution(EngineConfig(strategy, 1, unroll=1)):
+            for _ in range(3):
+                s, m = step(s, d, jax.random.key(5))
         out[strategy] = (s, m)
         chex.clear_trace_counter()
     (s1, m1), (s2, m2) = out["vmap"], out["map"]
@@ -160,13 +161,13 @@ def test_detect_then_recover_then_stop():
     strategy 1 stops once every client has trained it."""
     d = _data()
     alg = algorithms.lindt(DUAL, mode="detect", cohort="full", num_local_steps=2,
-                           batch_size=4, eps=1e-6, r_prime=1, stop="all_trained_once",
-                           unroll=1)
+                           batch_size=4, eps=1e-6, r_prime=1, stop="all_trained_once")
     step = jax.jit(alg.round_step)
     s0 = s = alg.init(jax.random.key(0), d)
     trace = []
     for _ in range(5):
-        s, m = step(s, d, jax.random.key(1))
+        with execution(UNROLL1):
+            s, m = step(s, d, jax.random.key(1))
         trace.append((int(m["nfl/detect_round"]), bool(m["lindt/dual_on"]),
                       bool(m["lindt/stopped"]), float(m["train/local_loss"])))
         if len(trace) == 2:  # FedAvg so far: local models untouched
@@ -196,11 +197,12 @@ def test_noise_only_divergence_and_traced_sigma():
 
     def run(sigma):
         alg = algorithms.lindt(DUAL, mode="off", cohort="full", num_local_steps=2,
-                               sampling="full_batch", noise_std=sigma, unroll=1)
+                               sampling="full_batch", noise_std=sigma, batch_size=10)
         s = alg.init(jax.random.key(0), d)
         return alg.round_step(s, d, jax.random.key(1))[1]
 
-    m = jax.jit(jax.vmap(run))(jnp.array([0.0, 0.05]))
+    with execution(UNROLL1):
+        m = jax.jit(jax.vmap(run))(jnp.array([0.0, 0.05]))
     np.testing.assert_allclose(m["nfl/w_div"], [0.0, m["nfl/noise_norm"][1]],
                                atol=1e-5)
     np.testing.assert_allclose(m["nfl/delta"], 0.0, atol=1e-5)

@@ -11,7 +11,7 @@ import numpy as np
 import optax
 import pytest
 import scipy.linalg
-from helpers import run_jitted as _run
+from helpers import run_jitted
 from helpers import take as _take
 
 from fedjax_pfl import aggregators, algorithms, attacks, models
@@ -19,14 +19,20 @@ from fedjax_pfl import data as fdata
 from fedjax_pfl.algorithms._ewc import diag_fisher
 from fedjax_pfl.algorithms._perfedavg import per_fedavg_step
 from fedjax_pfl.algorithms._skl import symmetric_kl
-from fedjax_pfl.core import EngineConfig, KeyTag, sample_cohort
+from fedjax_pfl.core import EngineConfig, KeyTag, execution, sample_cohort
 from fedjax_pfl.core._local import local_train, prox_penalty
 from fedjax_pfl.data._federated import client_batch_indices, gather_batch
 from fedjax_pfl.models._model import batch_loss
 
 MODEL = models.logistic_regression((6,), 3)
-KW = dict(num_local_steps=2, batch_size=4, cohort_size=3, unroll=1)
-ENGINES = (EngineConfig("vmap"), EngineConfig("map", 1))
+KW = dict(num_local_steps=2, batch_size=4, cohort_size=3)
+UNROLL1 = EngineConfig(unroll=1)  # the engine of every round here
+ENGINES = (EngineConfig("vmap", unroll=1), EngineConfig("map", 1, unroll=1))
+OLD = dict(cohort="size_weighted", weighted=False)  # the oracles' cohort and mean
+
+
+def _run(alg, data, num_rounds, engine=UNROLL1):
+    return run_jitted(alg, data, num_rounds, engine=engine)
 
 
 @pytest.fixture(scope="module")
@@ -78,10 +84,11 @@ def _set(stacked, c, value):
     return _tmap(lambda a, v: a.at[c].set(v), stacked, value)
 
 
-def _views(alg, state, data, key):
-    """``{view: params}`` of ``alg.eval_models``, jitted."""
-    return jax.jit(lambda s, d, k: {n: v.params for n, v in alg.eval_models(
-        s, d, k).items()})(state, data, key)
+def _views(alg, state, data, key, engine=UNROLL1):
+    """``{view: params}`` of ``alg.eval_models``, jitted under ``engine``."""
+    with execution(engine):
+        return jax.jit(lambda s, d, k: {n: v.params for n, v in alg.eval_models(
+            s, d, k).items()})(state, data, key)
 
 
 def _grad(model, p, b):
@@ -129,7 +136,7 @@ def _apfl_loop(data, rounds, alpha, lr, alpha_lr, adaptive):
 def test_apfl_equals_python_loop(data, engine):
     w, v, a = _oracle("apfl", _apfl_loop, data, 2, 0.4, 0.2, 0.5, adaptive=True)
     st = _run(algorithms.apfl(MODEL, alpha=0.4, alpha_lr=0.5, client_lr=0.2,
-                              engine=engine, **KW), data, 2)
+                              **OLD, **KW), data, 2, engine=engine)
     chex.assert_trees_all_close(st.server.params, w, atol=1e-6)
     chex.assert_trees_all_close(st.clients.local, v, atol=1e-6)
     np.testing.assert_allclose(st.clients.alpha, a, atol=1e-6)
@@ -167,7 +174,7 @@ def test_l2sgd_equals_python_loop(data, mode, engine):
             ws = _set(ws, c, new)
         wbar = _tmap(lambda a, d: a + 3 / 7 * d, wbar, _mean(ups))
     st = _run(algorithms.l2sgd(MODEL, lam=lam, client_lr=lr, mean_update=mode,
-                               engine=engine, **KW), data, 3)
+                               cohort="size_weighted", **KW), data, 3, engine=engine)
     chex.assert_trees_all_close(st.clients, ws, atol=1e-6)
     chex.assert_trees_all_close(st.server.mean, wbar, atol=1e-6)
     exact_mean = _tmap(lambda a: a.mean(0), ws)
@@ -196,10 +203,10 @@ def test_ewc_finetuning_matches_hand_computed_steps(reg):
     lam, lr = 3.0, 0.05
     alg = algorithms.ewc(model, lam=lam, client_lr=lr, finetune_steps=2,
                          sampling="full_batch", cohort="full", cohort_size=4,
-                         batch_size=1, unroll=1, engine=EngineConfig("vmap"))
+                         batch_size=1)
     st = alg.init(jax.random.key(0), d)
     w = np.asarray(st.server.params["w"], np.float64)
-    tuned = _views(alg, st, d, jax.random.key(5))["personal"]["w"]
+    tuned = _views(alg, st, d, jax.random.key(5), ENGINES[0])["personal"]["w"]
     for c in range(4):
         x, y = (np.asarray(a, np.float64) for a in d.train.client(c))
         grad = lambda p, x=x, y=y: x.T @ (x @ p - y[:, 0]) / len(y)
@@ -253,8 +260,8 @@ def test_symmetric_kl_matches_numpy_and_pulls_toward_reference(data):
     kw = dict(client_lr=0.2, finetune_steps=1, cohort="size_weighted", **KW)
     st = algorithms.skl(MODEL, **kw).init(jax.random.key(1), data)
     key = jax.random.key(7)
-    skl_1 = _views(algorithms.skl(MODEL, lam=10.0, engine=ENGINES[0], **kw), st,
-                   data, key)  # vmap engine here, lax.map for plain_1
+    skl_1 = _views(algorithms.skl(MODEL, lam=10.0, **kw), st, data, key,
+                   ENGINES[0])  # vmap engine here, lax.map for plain_1
     plain_1 = _views(algorithms.skl(MODEL, lam=0.0, **kw), st, data, key)
     chex.assert_trees_all_close(skl_1["personal"], plain_1["personal"],
                                 atol=1e-6)
@@ -309,8 +316,8 @@ def _per_fedavg_loop(data):
 @pytest.mark.parametrize("engine", ENGINES, ids=["vmap", "map"])
 def test_per_fedavg_equals_python_loop(data, engine):
     w = _oracle("per_fedavg", _per_fedavg_loop, data)
-    st = _run(algorithms.per_fedavg(MODEL, alpha=0.1, beta=0.3, engine=engine,
-                                    finetune_steps=1, **KW), data, 2)
+    st = _run(algorithms.per_fedavg(MODEL, alpha=0.1, beta=0.3, finetune_steps=1,
+                                    **OLD, **KW), data, 2, engine=engine)
     # central differences divide rounding errors by 2 delta: 1e-5, not 1e-6
     chex.assert_trees_all_close(st.server.params, w, atol=1e-5)
 
@@ -326,14 +333,14 @@ def test_mapper_reductions(data):
     oracle."""
     kw = dict(client_lr=0.2, cohort="size_weighted", **KW)
     st = _run(algorithms.mapper(MODEL, lam_grid=(1.0,), finetune_steps=1,
-                                engine=ENGINES[0], **kw), data, 3)
+                                weighted=False, **kw), data, 3, engine=ENGINES[0])
     local = _run(algorithms.local_only(MODEL, **dict(kw, num_local_steps=3)), data, 3)
     chex.assert_trees_all_close(st.clients.local, local.clients, atol=1e-6)
     w0 = MODEL.init(jax.random.key(1))
     chex.assert_trees_all_close(st.server.params, w0, atol=0)
     kw["sampling"] = "full_batch"
-    st = _run(algorithms.mapper(MODEL, lam_grid=(0.0,), finetune_steps=1, **kw),
-              data, 3)
+    st = _run(algorithms.mapper(MODEL, lam_grid=(0.0,), finetune_steps=1,
+                                weighted=False, **kw), data, 3)
     ref = _run(algorithms.fedavg(MODEL, weighted=False, **dict(kw, num_local_steps=1)),
                data, 3)
     chex.assert_trees_all_close(st.server.params, ref.server.params, atol=1e-6)
@@ -363,11 +370,11 @@ def test_mocha_round_matches_hand_computed_block_step(reg):
     lam1, lam2, lr = 0.2, 0.1, 0.3
     alg = algorithms.mocha(model, lam1=lam1, lam2=lam2, client_lr=lr,
                            num_local_steps=1, batch_size=1, cohort="full",
-                           cohort_size=4, sampling="full_batch",
-                           engine=EngineConfig("vmap"))
+                           cohort_size=4, sampling="full_batch")
     step = jax.jit(alg.round_step)
-    st1, _ = step(alg.init(jax.random.key(1), d), d, jax.random.key(0))
-    st2, _ = step(st1, d, jax.random.key(0))
+    with execution(EngineConfig("vmap")):
+        st1, _ = step(alg.init(jax.random.key(1), d), d, jax.random.key(0))
+        st2, _ = step(st1, d, jax.random.key(0))
     W = np.asarray(st1.server.W["w"], np.float64)  # [N, P]
     omega = np.asarray(st1.server.omega, np.float64)
     root = np.real(scipy.linalg.sqrtm(W @ W.T + 1e-6 * np.eye(4)))
@@ -383,9 +390,9 @@ def test_mocha_round_matches_hand_computed_block_step(reg):
 
 
 def test_mocha_no_regularization_is_local_training(data):
-    kw = dict(client_lr=0.2, cohort="size_weighted", engine=ENGINES[1], **KW)
-    st = _run(algorithms.mocha(MODEL, lam1=0.0, lam2=0.0, **kw), data, 3)
-    ref = _run(algorithms.local_only(MODEL, **kw), data, 3)
+    kw = dict(client_lr=0.2, cohort="size_weighted", **KW)
+    st = _run(algorithms.mocha(MODEL, lam1=0.0, lam2=0.0, **kw), data, 3, ENGINES[1])
+    ref = _run(algorithms.local_only(MODEL, **kw), data, 3, ENGINES[1])
     chex.assert_trees_all_close(st.server.W, ref.clients, atol=1e-7)
 
 
@@ -424,8 +431,9 @@ def test_compiles_once_and_zeroed_attack_freezes_the_shared_model(data, name):
     def step(s, d, k):
         return alg.round_step(s, d, k)
 
-    for _ in range(3):
-        state, metrics = step(state, data, jax.random.key(0))
+    with execution(UNROLL1):
+        for _ in range(3):
+            state, metrics = step(state, data, jax.random.key(0))
     assert int(state.round) == 3 and int(metrics["nonfinite_clients"]) == 0
     if name == "mapper":  # selected clients picked a lambda of the grid
         lam = np.asarray(state.clients.lam)
@@ -440,7 +448,7 @@ def test_loss_based_aggregator_composes(data):
     so with k-loss it must pick exactly FedAvg + k-loss's updates."""
     agg = aggregators.k_loss(1)
     a = _run(algorithms.apfl(MODEL, alpha=0.0, adaptive_alpha=False,
-                             aggregator=agg, **KW), data, 2)
+                             aggregator=agg, cohort="size_weighted", **KW), data, 2)
     b = _run(algorithms.fedavg(MODEL, aggregator=agg, cohort="size_weighted", **KW),
              data, 2)
     chex.assert_trees_all_close(a.server.params, b.server.params, atol=1e-6)

@@ -209,14 +209,18 @@ def test_only_malicious_uploads_change_and_benign_are_bit_identical(attack):
 
 def _fed(**kw):
     base = dict(client_lr=0.3, num_local_steps=2, batch_size=4, cohort="full",
-                cohort_size=5, sampling="full_batch", weighted=False, unroll=1)
+                cohort_size=5, sampling="full_batch", weighted=False)
     base.update(kw)
     return algorithms.fedavg(MODEL, **base)
 
 
+UNROLL1 = fp.EngineConfig(unroll=1)
+
+
 def _one_round(alg, data):
     state = alg.init(jax.random.key(1), data)
-    return state, jax.jit(alg.round_step)(state, data, jax.random.key(0))[0]
+    with fp.core.execution(UNROLL1):
+        return state, jax.jit(alg.round_step)(state, data, jax.random.key(0))[0]
 
 
 @pytest.fixture(scope="module")
@@ -239,7 +243,7 @@ def test_a3_in_fedavg_ratio_zero_is_clean_and_one_attacker_is_boosted(small):
                                      malicious=threat.malicious), small)
     _, local = _one_round(algorithms.local_only(
         MODEL, client_lr=0.3, num_local_steps=2, batch_size=4, cohort="full",
-        cohort_size=5, sampling="full_batch", unroll=1), small)
+        cohort_size=5, sampling="full_batch"), small)
     c = int(np.flatnonzero(threat.malicious)[0])
     delta = jax.tree.map(lambda v, w: v[c] - w, local.clients, start.server.params)
     expected = jax.tree.map(lambda w, dl: w + 4 / 5 * dl, clean.server.params, delta)
@@ -323,7 +327,7 @@ def test_fedavg_with_term_runs_and_tilts_toward_worse_clients(small):
     alg = _fed(aggregator=aggregators.tilted_mean(1.0), cohort="uniform",
                cohort_size=3, sampling="with_replacement")
     res = fp.simulate(alg, small, num_rounds=4, eval_every=2, key=jax.random.key(0),
-                      progress=False, splits=("test",))
+                      progress=False, splits=("test",), engine=UNROLL1)
     last = res.history[-1]
     assert "train/round_start_loss" in last
     assert all(np.all(np.isfinite(v)) for k, v in last.items()

@@ -29,9 +29,10 @@ fed = data.fedprox_synthetic(1.0, 1.0, num_clients=16, max_size=80, seed=0)
 model = models.logistic_regression((60,), 10)
 mesh = fp.core.client_mesh() if nproc > 1 else None
 alg = algorithms.ditto(model, lam=0.5, cohort_size=8, num_local_steps=3, batch_size=5,
-                       engine=fp.EngineConfig("vmap", mesh=mesh))
+                       client_lr=0.05, cohort="size_weighted", weighted=False)
 res = fp.simulate(alg, fed, num_rounds=4, eval_every=2, key=jax.random.key(0),
-                  progress=False, jsonl_path=out + ".jsonl")
+                  progress=False, jsonl_path=out + ".jsonl",
+                  engine=fp.EngineConfig("vmap", mesh=mesh))
 leaves = {f"leaf{i}": np.asarray(a) for i, a in enumerate(jax.tree.leaves(res.state))}
 np.savez(out, history=json.dumps([{k: v for k, v in r.items() if k != "seconds"}
                                   for r in res.history]), **leaves)

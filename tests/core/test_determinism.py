@@ -27,14 +27,14 @@ def _mesh(d):
     return core.client_mesh(jax.devices()[:d])
 
 
-def _alg(name, engine):
+def _alg(name):
     kw = dict(client_lr=0.1, num_local_steps=2, batch_size=5, cohort="uniform",
-              cohort_size=8, engine=engine)
+              cohort_size=8)
     if name == "fedavg":  # weighted mean: summed in the client loop by default
         return algorithms.fedavg(MODEL, **kw)
     # personal states, and a robust rule: the uploads are stacked for the server
     return algorithms.ditto(MODEL, lam=0.5, aggregator=aggregators.trimmed_mean(0.2),
-                            **kw)
+                            weighted=False, **kw)
 
 
 def _run(name, engine, data):
@@ -42,17 +42,18 @@ def _run(name, engine, data):
     ``ROUNDS`` jitted rounds, on the host. With a mesh the state and data start
     whole on every device, as the rounds leave them (one compile, the program
     every later round of a run uses)."""
-    alg = _alg(name, engine)
+    alg = _alg(name)
     state = alg.init(jax.random.key(1), data)
     if engine.mesh is not None:
         whole = NamedSharding(engine.mesh, PartitionSpec())
         state, data = jax.device_put((state, data), whole)
     step = jax.jit(alg.round_step)
     history = []
-    for _ in range(ROUNDS):
-        state, metrics = step(state, data, jax.random.key(0))
-        history.append({k: v for k, v in metrics.items()
-                        if not k.startswith("engine/")})
+    with core.execution(engine):
+        for _ in range(ROUNDS):
+            state, metrics = step(state, data, jax.random.key(0))
+            history.append({k: v for k, v in metrics.items()
+                            if not k.startswith("engine/")})
     return jax.device_get((state.server, state.clients, history))
 
 

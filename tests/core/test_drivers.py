@@ -133,7 +133,7 @@ def test_participation_counts_match_the_rounds(data):
     from fedjax_pfl.core import participation_counts
 
     alg = algorithms.ditto(MODEL, lam=0.5, client_lr=0.1, num_local_steps=2,
-                           batch_size=4, cohort_size=2)
+                           batch_size=4, cohort_size=2, cohort="size_weighted")
     key = jax.random.key(5)
     res = fp.simulate(alg, data, num_rounds=2, key=key, progress=False)
     counts = participation_counts(data, 2, jax.random.split(key)[1], 2,

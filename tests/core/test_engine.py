@@ -10,10 +10,11 @@ import pytest
 import fedjax_pfl as fp
 from fedjax_pfl import algorithms, models
 from fedjax_pfl import data as fdata
-from fedjax_pfl.core import EngineConfig, KeyTag
+from fedjax_pfl.core import EngineConfig, KeyTag, execution
 from fedjax_pfl.core._local import local_train
 
 MODEL = models.mlp((12,), 4, hidden=(8,))
+VMAP = EngineConfig("vmap")
 
 
 @pytest.fixture(scope="module")
@@ -24,27 +25,30 @@ def data():
     )
 
 
-def _alg(engine=None, **kw):
+def _alg(**kw):
     base = dict(client_lr=0.1, num_local_steps=3, batch_size=5, cohort="full",
-                cohort_size=7, engine=engine or EngineConfig("vmap"))
+                cohort_size=7)
     base.update(kw)
     return algorithms.fedavg(MODEL, **base)
 
 
-def _one_round(alg, data, key=jax.random.key(0), jit=True):
+def _one_round(alg, data, key=jax.random.key(0), jit=True, engine=VMAP):
     state = alg.init(jax.random.key(1), data)
     step = jax.jit(alg.round_step) if jit else alg.round_step
-    return state, step(state, data, key)
+    with execution(engine):
+        return state, step(state, data, key)
 
 
 def test_round_equals_python_loop_over_clients(data):
     """vmap == lax.map == unrolled == a Python loop of one jitted client update
     per client; local steps as a lax.scan (unroll=1) == as a Python loop."""
     key = jax.random.key(0)
-    state, (new_vmap, _) = _one_round(_alg(EngineConfig("vmap")), data, key)
-    _, (new_map, _) = _one_round(_alg(EngineConfig("map", 2)), data, key)
-    _, (new_map1, _) = _one_round(_alg(EngineConfig("map", 1), unroll=1), data, key)
-    _, (new_unr, _) = _one_round(_alg(EngineConfig("unroll"), unroll=True), data, key)
+    state, (new_vmap, _) = _one_round(_alg(), data, key, engine=VMAP)
+    _, (new_map, _) = _one_round(_alg(), data, key, engine=EngineConfig("map", 2))
+    _, (new_map1, _) = _one_round(_alg(), data, key,
+                                  engine=EngineConfig("map", 1, unroll=1))
+    _, (new_unr, _) = _one_round(_alg(), data, key,
+                                 engine=EngineConfig("unroll", unroll=True))
     w = state.server.params
     rkey = jax.random.fold_in(jax.random.fold_in(key, 0), KeyTag.CLIENT)
     train = jax.jit(lambda c, k: local_train(
@@ -83,9 +87,10 @@ def test_fedavg_one_full_batch_step_is_centralized_gd(data):
     pooled = jax.jit(jax.grad(
         lambda p: jnp.mean(MODEL.loss(MODEL.apply(p, x), y))))
     step = jax.jit(alg.round_step)
-    for _ in range(4):
-        state, _ = step(state, data, jax.random.key(0))
-        w = jax.tree.map(lambda a, g: a - 0.1 * g, w, pooled(w))
+    with execution(VMAP):
+        for _ in range(4):
+            state, _ = step(state, data, jax.random.key(0))
+            w = jax.tree.map(lambda a, g: a - 0.1 * g, w, pooled(w))
     chex.assert_trees_all_close(state.server.params, w, atol=1e-5)
 
 
@@ -98,15 +103,17 @@ def test_compiles_once_across_rounds(data):
         return alg.round_step(state, d, key)
 
     state = alg.init(jax.random.key(0), data)
-    for _ in range(4):
-        state, _ = step(state, data, jax.random.key(0))
+    with execution(VMAP):
+        for _ in range(4):
+            state, _ = step(state, data, jax.random.key(0))
     assert int(state.round) == 4
 
 
 def test_same_key_same_history_and_different_key_differs(data):
     alg = _alg(cohort="uniform", cohort_size=3)
     run = lambda k: fp.simulate(alg, data, num_rounds=4, eval_every=2,
-                                key=jax.random.key(k), progress=False).history
+                                key=jax.random.key(k), progress=False,
+                                engine=VMAP).history
     h1, h2, h3 = run(0), run(0), run(1)
     strip = lambda h: [{k: v for k, v in r.items() if k != "seconds"} for r in h]
     assert strip(h1) == strip(h2)
@@ -141,10 +148,10 @@ def test_sharded_equals_unsharded(data):
     mesh = jax.make_mesh((4,), ("clients",),
                          axis_types=(jax.sharding.AxisType.Auto,))
     kw = dict(cohort="uniform", cohort_size=4)
-    a = fp.simulate(_alg(EngineConfig("vmap"), **kw), data, num_rounds=3,
-                    key=jax.random.key(0), progress=False)
-    b = fp.simulate(_alg(EngineConfig("vmap", mesh=mesh), **kw), data,
-                    num_rounds=3, key=jax.random.key(0), progress=False)
+    a = fp.simulate(_alg(**kw), data, num_rounds=3, key=jax.random.key(0),
+                    progress=False, engine=VMAP)
+    b = fp.simulate(_alg(**kw), data, num_rounds=3, key=jax.random.key(0),
+                    progress=False, engine=EngineConfig("vmap", mesh=mesh))
     chex.assert_trees_all_close(a.state.server.params, b.state.server.params,
                                 atol=1e-6)
 
@@ -173,7 +180,7 @@ def test_size_weighted_cohort_prefers_large_clients():
 def test_finetune_improves_local_fit(data):
     alg = _alg(finetune_steps=20, cohort="uniform", cohort_size=3)
     res = fp.simulate(alg, data, num_rounds=2, key=jax.random.key(0),
-                      progress=False, splits=("train",))
+                      progress=False, splits=("train",), engine=VMAP)
     last = res.history[-1]
     assert (last["finetuned/train/accuracy/mean"]
             > last["global/train/accuracy/mean"])

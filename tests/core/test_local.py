@@ -15,6 +15,7 @@ from fedjax_pfl.core import (
     EngineConfig,
     KeyTag,
     client_steps,
+    execution,
     local_train,
     make_local_config,
     run_local,
@@ -45,12 +46,12 @@ def _own_steps(epochs, drop_last):
 @pytest.mark.parametrize("epochs, drop_last", [(1.0, False), (1.0, True),
                                                (2.0, True), (0.5, False)])
 def test_client_steps(fed, epochs, drop_last):
-    cfg = make_local_config(0.1, 1, B, "epoch", None, epochs, drop_last=drop_last)
+    cfg = make_local_config(0.1, 1, B, "epoch", epochs, drop_last=drop_last)
     own = _own_steps(epochs, drop_last)
     for c in range(len(SIZES)):
         bound, steps = client_steps(cfg, fed.train, jnp.int32(c))
         assert bound == max(1, own.max()) and int(steps) == own[c]
-    assert client_steps(make_local_config(0.1, 4, B, "epoch", None), fed.train,
+    assert client_steps(make_local_config(0.1, 4, B, "epoch"), fed.train,
                         jnp.int32(0)) == (4, None)
 
 
@@ -95,7 +96,7 @@ def test_each_client_runs_its_own_steps(fed):
         jax.debug.callback(lambda: calls.append(1))
         return 0.0 * optax.tree.norm(p)
 
-    cfg = make_local_config(0.1, 1, B, "epoch", None, 1.0, drop_last=True)
+    cfg = make_local_config(0.1, 1, B, "epoch", 1.0, drop_last=True)
     p0 = MODEL.init(jax.random.key(0))
     ids = jnp.arange(len(SIZES), dtype=jnp.int32)
     keys = client_keys(jax.random.key(2), fed.key_ids)
@@ -116,16 +117,16 @@ def test_any_optax_optimizer(fed):
     starts fresh each round; the default is plain SGD."""
     p0 = MODEL.init(jax.random.key(0))
     key = jax.random.key(4)
-    cfg = make_local_config(0.01, 4, B, "with_replacement", None,
+    cfg = make_local_config(0.01, 4, B, "with_replacement",
                             optimizer=optax.adam)
     got, _ = run_local(MODEL, p0, fed, jnp.int32(0), key, cfg)
     want, _ = local_train(MODEL, p0, fed.train, jnp.int32(0), key,
                           optimizer=optax.adam(0.01), num_steps=4, batch_size=B)
     chex.assert_trees_all_close(got, want, rtol=1e-6, atol=1e-7)
     with pytest.raises(ValueError, match="optimizer"):
-        make_local_config(0.01, 4, B, "epoch", None, optimizer=optax.sgd(0.1))
+        make_local_config(0.01, 4, B, "epoch", optimizer=optax.sgd(0.1))
     with pytest.raises(ValueError, match="drop_last"):
-        make_local_config(0.01, 4, B, "epoch", None, drop_last="yes")
+        make_local_config(0.01, 4, B, "epoch", drop_last="yes")
     with pytest.raises(ValueError, match="buckets"):
         EngineConfig("map", 1, buckets=2)
 
@@ -135,9 +136,10 @@ def test_any_optax_optimizer(fed):
 ENGINES = [EngineConfig("map", 1), EngineConfig("vmap", buckets=2)]
 
 
-def _round(alg, fed, engine_key=jax.random.key(0)):
+def _round(alg, fed, engine=None, engine_key=jax.random.key(0)):
     state = alg.init(jax.random.key(1), fed)
-    new, metrics = jax.jit(alg.round_step)(state, fed, engine_key)
+    with execution(engine):
+        new, metrics = jax.jit(alg.round_step)(state, fed, engine_key)
     return state, new, metrics
 
 
@@ -150,7 +152,7 @@ def _own_local(fed, c, start, key, *, drop_last, lr=0.1, penalty=None,
                optimizer=None):
     """One client's local training with exactly its own number of steps
     (a static count: no masking, no trip-count logic)."""
-    cfg = make_local_config(lr, 1, B, "epoch", None, 1.0, drop_last=drop_last)
+    cfg = make_local_config(lr, 1, B, "epoch", 1.0, drop_last=drop_last)
     steps = int(_own_steps(1.0, drop_last)[c])
     return local_train(MODEL, start, fed.train, jnp.int32(c), key,
                        optimizer=optimizer or optax.sgd(lr), num_steps=steps,
@@ -169,7 +171,7 @@ def _weighted_mean_update(w, news):
 def test_fedavg_epochs_equal_per_client_loop(fed, drop_last):
     kw = dict(client_lr=0.1, batch_size=B, local_epochs=1.0, sampling="epoch",
               drop_last=drop_last, cohort="full", cohort_size=len(SIZES))
-    results = [_round(algorithms.fedavg(MODEL, engine=e, **kw), fed) for e in ENGINES]
+    results = [_round(algorithms.fedavg(MODEL, **kw), fed, e) for e in ENGINES]
     w = results[0][0].server.params
     news = [_own_local(fed, c, w, _client_key(c, fed), drop_last=drop_last)
             for c in range(len(SIZES))]
@@ -183,7 +185,7 @@ def test_ditto_epochs_equal_per_client_loop(fed):
     kw = dict(lam=0.5, client_lr=0.1, batch_size=B, local_epochs=1.0,
               sampling="epoch", drop_last=True, cohort="full",
               cohort_size=len(SIZES), weighted=True)
-    results = [_round(algorithms.ditto(MODEL, engine=e, **kw), fed) for e in ENGINES]
+    results = [_round(algorithms.ditto(MODEL, **kw), fed, e) for e in ENGINES]
     w = results[0][0].server.params
     for c in range(len(SIZES)):
         key = _client_key(c, fed)
@@ -204,7 +206,7 @@ def test_fedplus_epochs_equal_per_client_loop(fed):
     party runs its own epochs of the fused step."""
     kw = dict(sigma=2.0, client_lr=0.1, batch_size=B, local_epochs=1.0,
               sampling="epoch", cohort="full", cohort_size=len(SIZES))
-    results = [_round(algorithms.fedplus(MODEL, engine=e, **kw), fed) for e in ENGINES]
+    results = [_round(algorithms.fedplus(MODEL, **kw), fed, e) for e in ENGINES]
     w = results[0][0].server.params
     for c in range(len(SIZES)):
         want = _own_local(fed, c, w, _client_key(c, fed), drop_last=False,
@@ -219,11 +221,10 @@ def test_dp_sgd_epochs_equal_per_client_loop(fed):
     kw = dict(clip=0.5, noise_multiplier=0.7, client_lr=0.1, batch_size=B,
               local_epochs=1.0, sampling="epoch", cohort="full",
               cohort_size=len(SIZES), clip_method="vmap")
-    results = [_round(algorithms.dp_fedavg(MODEL, engine=e, **kw), fed)
-               for e in ENGINES]
+    results = [_round(algorithms.dp_fedavg(MODEL, **kw), fed, e) for e in ENGINES]
     w = results[0][0].server.params
     dp = privacy.make_dp_config(0.5, 0.7, "epoch", clip_method="vmap")
-    cfg = make_local_config(0.1, 1, B, "epoch", None, 1.0)
+    cfg = make_local_config(0.1, 1, B, "epoch", 1.0)
     news = []
     for c in range(len(SIZES)):
         steps = int(_own_steps(1.0, False)[c])
@@ -250,14 +251,13 @@ def test_one_client_loop_per_device_equals_one_device(fed, aggregator):
     agg = None if aggregator is None else aggregators.coordinate_median()
     kw = dict(lam=0.5, client_lr=0.1, batch_size=B, local_epochs=1.0,
               sampling="epoch", drop_last=True, cohort="uniform", cohort_size=4,
-              aggregator=agg)
-    one = _round(algorithms.ditto(MODEL, engine=EngineConfig("map", 1), **kw), fed)
-    two = _round(algorithms.ditto(MODEL, engine=EngineConfig("map", 1, mesh=mesh),
-                                  **kw), fed)
+              aggregator=agg, weighted=False)
+    one = _round(algorithms.ditto(MODEL, **kw), fed, EngineConfig("map", 1))
+    two = _round(algorithms.ditto(MODEL, **kw), fed,
+                 EngineConfig("map", 1, mesh=mesh))
     chex.assert_trees_all_close(two[1].server.params, one[1].server.params, atol=2e-6)
     chex.assert_trees_all_close(two[1].clients, one[1].clients, atol=2e-6)
     assert 0 <= float(two[2]["engine/shard_imbalance"]) < 1
-    three = algorithms.fedavg(MODEL, cohort="uniform", cohort_size=3,
-                              engine=EngineConfig("map", 1, mesh=mesh))
+    three = algorithms.fedavg(MODEL, cohort="uniform", cohort_size=3)
     with pytest.raises(ValueError, match="cohort_size: 3 clients"):
-        _round(three, fed)
+        _round(three, fed, EngineConfig("map", 1, mesh=mesh))

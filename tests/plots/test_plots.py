@@ -268,15 +268,17 @@ def test_per_client_values_reproduce_the_drivers_summaries():
 
     def make(client_lr, finetune_steps=0):
         return algorithms.fedavg(model, client_lr=client_lr, num_local_steps=2,
-                                 batch_size=4, cohort_size=3, unroll=False,
+                                 batch_size=4, cohort_size=3,
                                  finetune_steps=finetune_steps)
 
+    rolled = fp.EngineConfig(unroll=False)
     key = jax.random.key(3)
     counts = np.asarray(fed.test.counts, float)
     alg = make(0.5, finetune_steps=2)
     res = fp.simulate(alg, fed, num_rounds=2, key=key, progress=False,
-                      splits=("test",))
-    pc = plots.per_client_metric(alg, res.state, fed, key=key)
+                      splits=("test",), engine=rolled)
+    with fp.core.execution(rolled):
+        pc = plots.per_client_metric(alg, res.state, fed, key=key)
     assert set(pc) == {"global", "finetuned"}
     for name, v in pc.items():
         assert v.shape == (6,)
@@ -284,8 +286,10 @@ def test_per_client_values_reproduce_the_drivers_summaries():
                                    res.history[-1][f"{name}/test/accuracy/mean"],
                                    atol=1e-6)
     lrs = {"client_lr": [0.0, 0.5]}
-    states, hist = fp.sweep(make, lrs, fed, num_rounds=2, key=key, splits=("test",))
-    spc = plots.sweep_per_client(make, lrs, states, fed, key=key, metric="loss")
+    states, hist = fp.sweep(make, lrs, fed, num_rounds=2, key=key, splits=("test",),
+                            engine=rolled)
+    with fp.core.execution(rolled):
+        spc = plots.sweep_per_client(make, lrs, states, fed, key=key, metric="loss")
     (v,) = spc.values()
     assert v.shape == (2, 6)
     np.testing.assert_allclose((v * counts).sum(1) / counts.sum(),

@@ -234,6 +234,10 @@ def test_bad_arguments():
                      ({"normalize": "mean"}, "normalize"),
                      ({"normalize": -2.0}, "normalize"),
                      ({"max_batch_size": 0}, "max_batch_size"),
+                     ({"max_batch_size": True}, "max_batch_size"),
+                     ({"chunk_size": False}, "chunk_size"),
+                     ({"clip": "1.0"}, "clip"),
+                     ({"clip": float("nan")}, "clip"),
                      ({"sampling": "bootstrap"}, "sampling"),
                      ({"fair_clip": "x"}, "fair_clip")]:
         base = {"clip": 1.0, "noise_multiplier": 1.0, "sampling": "poisson",

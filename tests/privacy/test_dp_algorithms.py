@@ -13,7 +13,8 @@ from fedjax_pfl.core import EngineConfig, KeyTag, round_cohort
 from fedjax_pfl.core._clients import client_keys
 
 MODEL = models.mlp((6,), 3, hidden=(8,))
-LOCAL = {"client_lr": 0.2, "num_local_steps": 2, "batch_size": 4, "cohort_size": 3, "unroll": 1}
+LOCAL = {"client_lr": 0.2, "num_local_steps": 2, "batch_size": 4, "cohort_size": 3}
+UNROLL1 = EngineConfig(unroll=1)
 
 
 @pytest.fixture(scope="module")
@@ -23,17 +24,17 @@ def data():
                                    seed=3)
 
 
-def _run(alg, data, rounds=2):
+def _run(alg, data, rounds=2, engine=UNROLL1):
     state = alg.init(jax.random.key(1), data)
     return jax.jit(lambda s, d: fp.core.run_rounds(
-        alg, s, d, jax.random.key(0), rounds))(state, data)
+        alg, s, d, jax.random.key(0), rounds, engine=engine))(state, data)
 
 
 def _run_swept(factory, data, values, rounds=1):
     """``_run(factory(v))`` for each v, compiled once (v traced, as in sweep)."""
     state = factory(values[0]).init(jax.random.key(1), data)
     run = jax.jit(lambda v, s, d: fp.core.run_rounds(
-        factory(v), s, d, jax.random.key(0), rounds))
+        factory(v), s, d, jax.random.key(0), rounds, engine=UNROLL1))
     return [run(jnp.float32(v), state, data) for v in values]
 
 
@@ -67,8 +68,8 @@ def test_no_clip_no_noise_is_fedavg(data):
 def test_dp_round_vmap_equals_map_equals_python_loop(data):
     kw = dict(LOCAL, clip=0.5, noise_multiplier=1.0, sampling_rate=0.3)
     outs = []
-    for engine in (EngineConfig("vmap"), EngineConfig("map", 1)):
-        s, m = _run(algorithms.dp_fedavg(MODEL, engine=engine, **kw), data, rounds=1)
+    for engine in (EngineConfig("vmap", unroll=1), EngineConfig("map", 1, unroll=1)):
+        s, m = _run(algorithms.dp_fedavg(MODEL, **kw), data, rounds=1, engine=engine)
         outs.append(s.server.params)
     assert _diff(outs[0], outs[1]) < 1e-5
     assert 0 < float(m["train/dp/clipped_fraction"]) <= 1
@@ -120,7 +121,7 @@ def test_fallback_is_visible_in_metrics():
                                    rng.normal(size=(n, 2)).astype(np.float32))
                                   for n in (5, 8)])
     alg = algorithms.dp_fedavg(models.mean_model(2), clip=1.0, noise_multiplier=0.5,
-                               sampling_rate=0.5, cohort_size=2, unroll=1)
+                               sampling_rate=0.5, cohort_size=2, num_local_steps=1)
     with pytest.warns(UserWarning, match="nested vmap"):
         _, m = _run(alg, d, 1)
     assert float(m["train/dp/ghost"]) == 0.0

@@ -77,19 +77,21 @@ def test_lam_zero_is_dp_fedsgd_and_server_state(data):
     same clipping; F_hat is the weighted mean of the released losses,
     which become the clients' next loss bounds."""
     kw = {"clip": 0.5, "noise_multiplier": 0.0, "sampling_rate": 0.3,
-                      "client_lr": 0.5, "unroll": 1}
+                      "client_lr": 0.5}
+    unroll1 = fp.EngineConfig(unroll=1)
     alg0 = algorithms.dp_fedavg(MODEL, num_local_steps=1, cohort="full", **kw)
     s0 = alg0.init(jax.random.key(1), data)
     ref, _ = jax.jit(lambda s, d: fp.core.run_rounds(
-        alg0, s, d, jax.random.key(0), 1))(s0, data)
+        alg0, s, d, jax.random.key(0), 1, engine=unroll1))(s0, data)
 
     def make(lam, clip):
         return algorithms.fedfdp(MODEL, lam=lam, loss_noise_multiplier=0.0,
+                                 num_local_steps=1, cohort_size=None, cohort="full",
                                  **dict(kw, clip=clip))
 
     state = make(0.0, 0.5).init(jax.random.key(1), data)
     run = jax.jit(lambda lam, clip, s, d: fp.core.run_rounds(
-        make(lam, clip), s, d, jax.random.key(0), 1))
+        make(lam, clip), s, d, jax.random.key(0), 1, engine=unroll1))
     out, _m = run(jnp.float32(0.0), jnp.float32(0.5), state, data)
     assert _diff(ref.server.params, out.server.params) < 1e-7
     n = np.asarray(data.train.counts, np.float64)
@@ -110,10 +112,10 @@ def test_lam_zero_is_dp_fedsgd_and_server_state(data):
 
 def test_fedfair_runs_and_keeps_bounds(data):
     alg = algorithms.fedfair(MODEL, lam=0.5, sampling_rate=0.3, client_lr=0.3,
-                             unroll=1)
+                             num_local_steps=1, cohort_size=None, cohort="full")
     s = alg.init(jax.random.key(1), data)
     s, m = jax.jit(lambda s, d: fp.core.run_rounds(
-        alg, s, d, jax.random.key(0), 2))(s, data)
+        alg, s, d, jax.random.key(0), 2, engine=fp.EngineConfig(unroll=1)))(s, data)
     assert np.all(np.isinf(np.asarray(s.clients.loss_clip)))  # no adaptive bound
     assert np.isfinite(float(s.server.fhat)) and float(s.server.fhat) > 0
     assert float(m["train/dp/clipped_fraction"]) == 0.0
