@@ -18,6 +18,15 @@ def run_jitted(alg, data, num_rounds, key=0, state=None, engine=None):
     return run(state, data)
 
 
+def engine_cohort(data, key, t, m, mode="uniform"):
+    """Round ``t``'s cohort (``core.round_cohort``) and each member's client key
+    ``fold_in(fold_in(round_key, CLIENT), key_ids[c])``, as the engine draws
+    them: ``[(cid, key), ...]`` in cohort order."""
+    ids = np.asarray(fp.core.round_cohort(data, t, key, m, mode))
+    ck = jax.random.fold_in(jax.random.fold_in(key, t), fp.core.KeyTag.CLIENT)
+    return [(int(c), jax.random.fold_in(ck, data.key_ids[c])) for c in ids]
+
+
 def leaves_equal(a, b):
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))

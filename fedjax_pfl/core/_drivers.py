@@ -224,9 +224,8 @@ def evaluate_state(algorithm: Algorithm, state: AlgorithmState, data, *,
     if views is not None and (isinstance(views, str)
                               or not all(isinstance(v, str) for v in views)):
         raise ValueError(f"views: must be a sequence of view names, got {views!r}")
-    check_engine(engine)
     run_key = jax.random.split(key)[1]
-    with execution(engine):
+    with execution(engine):  # checks engine first
         return _evaluate(algorithm, state, data, run_key, eval_kwargs, views)
 
 
@@ -323,8 +322,7 @@ def simulate(
         starting state or privacy monitor); a ``checkpoint_dir`` that holds
         checkpoints without ``resume``.
     """
-    check_engine(engine)
-    with execution(engine):
+    with execution(engine):  # checks engine first
         return _simulate(
             algorithm, data, num_rounds=num_rounds, eval_every=eval_every, key=key,
             eval_mask=eval_mask, splits=splits, progress=progress,

@@ -35,6 +35,7 @@ import pytest
 
 from fedjax_pfl import algorithms, models
 from fedjax_pfl import data as fdata
+from fedjax_pfl import toolkit as tk
 from fedjax_pfl.core import Algorithm, EngineConfig, execution
 
 MLP = models.mlp((6,), 3, hidden=(8,))
@@ -332,6 +333,27 @@ def test_execution_settings_are_the_engines():
     assert not problems, "\n".join(problems)
     assert EngineConfig(unroll=False).unroll is False
     assert EngineConfig(unroll=1).unroll == 1
+
+
+SHARED_DEFAULTS = {"num_local_steps": 10, "cohort_size": 10, "cohort": "uniform",
+                   "client_lr": 0.1, "batch_size": 32, "weighted": True}
+
+
+def test_shared_hyperparameters_have_one_default():
+    """Paper settings live in the presets; a factory's own default for a shared
+    name is the same everywhere (dp_fedavg's Poisson sampling is its own), and
+    the toolkit's FedAvg server halves default to the same weighted mean."""
+    fns = {**FACTORIES, "tk.global_solver": tk.global_solver,
+           "tk.layer_split_algorithm": tk.layer_split_algorithm}
+    for name, f in fns.items():
+        for p in inspect.signature(f).parameters.values():
+            if p.name in SHARED_DEFAULTS and p.default is not inspect.Parameter.empty:
+                if (name, p.name) == ("fedplus", "num_local_steps"):
+                    assert p.default is None  # the stragglers' max, else 10
+                    continue
+                assert p.default == SHARED_DEFAULTS[p.name], (name, p.name)
+            if p.name == "sampling" and name != "dp_fedavg":
+                assert p.default == "with_replacement", name
 
 
 @pytest.mark.parametrize("name,arg", list(_cases(_is_choice)))

@@ -11,13 +11,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import leaves_equal, rows_changed, run_jitted, take
+from helpers import engine_cohort, leaves_equal, rows_changed, run_jitted, take
 
 from fedjax_pfl import EngineConfig, algorithms, attacks, models
 from fedjax_pfl import data as fdata
 from fedjax_pfl import toolkit as tk
 from fedjax_pfl.algorithms import _fedrep, _lgfedavg
-from fedjax_pfl.core import execution, sample_cohort
+from fedjax_pfl.core import execution
 
 MODEL = models.mlp((6,), 3, hidden=(8,))  # layers Dense_0, Dense_1
 HP = dict(client_lr=0.2, num_local_steps=2, batch_size=4, cohort_size=3)
@@ -46,14 +46,6 @@ def _run(data, name, **kw):
     return _RUNS[k]
 
 
-def _cohort(data, key, t, m):
-    """Round t's cohort and client keys, as the engine draws them."""
-    rkey = jax.random.fold_in(key, t)
-    ids = sample_cohort(jax.random.fold_in(rkey, tk.KeyTag.COHORT),
-                        data.train.counts, m, "uniform")
-    ck = jax.random.fold_in(rkey, tk.KeyTag.CLIENT)
-    return [(int(c), jax.random.fold_in(ck, data.key_ids[c])) for c in ids]
-
 
 def _kernel(name):
     """The method's module-level one-client kernel with METHODS' settings:
@@ -70,7 +62,7 @@ def _loop(one, state, data, key, t):
     kernel ``one``, then FedAvg's server (the size-weighted mean of uploads)."""
     w, personal = state.server.params, state.clients
     ups, ws = [], []
-    for c, k in _cohort(data, key, t, 3):
+    for c, k in engine_cohort(data, key, t, 3):
         r = one(state.server, take(personal, c), c, k, data)
         ups.append(r.update)
         ws.append(float(r.weight))
@@ -106,7 +98,7 @@ def test_lifted_equals_loop_only_cohort_changes_compiles_once(name, data):
         chex.assert_trees_all_close(new.clients, personal, atol=1e-6)
         changed = rows_changed(state.clients, new.clients)
         assert np.flatnonzero(changed).tolist() == [c for c, _ in
-                                                    _cohort(data, key, t, 3)]
+                                                    engine_cohort(data, key, t, 3)]
         leaves_equal(take(state.clients, ~changed), take(new.clients, ~changed))
         state = new
 

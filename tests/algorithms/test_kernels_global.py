@@ -11,13 +11,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import leaves_equal, rows_changed, take
+from helpers import engine_cohort, leaves_equal, rows_changed, take
 
 from fedjax_pfl import EngineConfig, aggregators, algorithms, models
 from fedjax_pfl import data as fdata
 from fedjax_pfl import toolkit as tk
 from fedjax_pfl.algorithms import _afl, _feddyn, _pfedme, _qffl, _scaffold
-from fedjax_pfl.core import execution, sample_cohort
+from fedjax_pfl.core import execution
 
 MODEL = models.mlp((6,), 3, hidden=(8,))
 M = 3  # the cohort (of 6 clients)
@@ -110,20 +110,12 @@ def data():
                                    fractions=(0.8, 0.0, 0.2), seed=4)
 
 
-def _cohort(data, key, t):
-    """Round t's cohort and client keys, as the engine draws them."""
-    rkey = jax.random.fold_in(key, t)
-    ids = sample_cohort(jax.random.fold_in(rkey, tk.KeyTag.COHORT),
-                        data.train.counts, M, "uniform")
-    ck = jax.random.fold_in(rkey, tk.KeyTag.CLIENT)
-    return [(int(c), jax.random.fold_in(ck, data.key_ids[c])) for c in ids]
-
 
 def _loop(one, server_step, state, data, key, t):
     """Round ``t`` as a Python loop over single clients calling the jitted
     kernel ``one``, then the server step on their results."""
     clients, rs = state.clients, []
-    for c, k in _cohort(data, key, t):
+    for c, k in engine_cohort(data, key, t, M):
         r = one(state.server, take(clients, c), jnp.int32(c), k, data)
         rs.append(r)
         clients = jax.tree.map(lambda a, v, c=c: a.at[c].set(v), clients,
@@ -157,6 +149,6 @@ def test_lifted_equals_loop(name, data):
         if stateful:
             changed = rows_changed(state.clients, new.clients)
             assert np.flatnonzero(changed).tolist() == sorted(
-                c for c, _ in _cohort(data, key, t))
+                c for c, _ in engine_cohort(data, key, t, M))
             leaves_equal(take(state.clients, ~changed), take(new.clients, ~changed))
         state = new

@@ -12,13 +12,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import rows_changed, take
+from helpers import engine_cohort, rows_changed, take
 
 from fedjax_pfl import EngineConfig, algorithms, attacks, models
 from fedjax_pfl import data as fdata
 from fedjax_pfl import toolkit as tk
 from fedjax_pfl.algorithms import _apfl, _l2sgd, _mapper, _mocha, _perfedavg
-from fedjax_pfl.core import execution, sample_cohort
+from fedjax_pfl.core import execution
 
 MODEL = models.mlp((6,), 3, hidden=(8,))
 ENGINE = EngineConfig("map", 1, unroll=1)
@@ -93,14 +93,6 @@ CASES = {
 }
 
 
-def _cohort(data, key, t):
-    """Round t's cohort and client keys, as the engine draws them."""
-    rkey = jax.random.fold_in(key, t)
-    ids = sample_cohort(jax.random.fold_in(rkey, tk.KeyTag.COHORT),
-                        data.train.counts, M, "uniform")
-    ck = jax.random.fold_in(rkey, tk.KeyTag.CLIENT)
-    return [(int(c), jax.random.fold_in(ck, data.key_ids[c])) for c in ids]
-
 
 def _close(a, b):
     chex.assert_trees_all_close(a, b, rtol=1e-6, atol=1e-6)
@@ -132,7 +124,7 @@ def test_lifted_equals_loop_over_single_clients(name, data):
     key = jax.random.key(0)
     step, one = jax.jit(alg.round_step), jax.jit(kernel())
     for t in range(2):
-        cohort = _cohort(data, key, t)
+        cohort = engine_cohort(data, key, t, M)
         with execution(ENGINE):
             new, _ = step(state, data, key)
             results = [one(state.server, take(state.clients, c) if state.clients

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import take
+from helpers import engine_cohort, take
 
 from fedjax_pfl import EngineConfig, algorithms, metrics, models
 from fedjax_pfl import data as fdata
@@ -19,7 +19,7 @@ from fedjax_pfl import privacy as fp_privacy
 from fedjax_pfl import toolkit as tk
 from fedjax_pfl.aggregators import mean
 from fedjax_pfl.algorithms import _ditto, _fedfdp, _fedplus, _lindt
-from fedjax_pfl.core import AlgorithmState, execution, sample_cohort
+from fedjax_pfl.core import AlgorithmState, execution
 
 MODEL = models.mlp((6,), 3, hidden=(8,))
 ENGINE = EngineConfig("map", 1, unroll=1)
@@ -33,20 +33,12 @@ def data():
                                    fractions=(0.6, 0.2, 0.2), seed=4)
 
 
-def _cohort(data, key, t):
-    """Round t's cohort and client keys, as the engine draws them."""
-    rkey = jax.random.fold_in(key, t)
-    ids = sample_cohort(jax.random.fold_in(rkey, tk.KeyTag.COHORT),
-                        data.train.counts, M, "uniform")
-    ck = jax.random.fold_in(rkey, tk.KeyTag.CLIENT)
-    return [(int(c), jax.random.fold_in(ck, data.key_ids[c])) for c in ids]
-
 
 def _loop_round(one, state, data, key, weighted):
     """One round as a Python loop over the cohort calling the jitted one-client
     kernel ``one``; the server adds the (weighted) mean of the uploads."""
     clients, ups, ws = state.clients, [], []
-    for c, k in _cohort(data, key, int(state.round)):
+    for c, k in engine_cohort(data, key, int(state.round), M):
         r = one(state.server, take(clients, c), c, k, data)
         ups.append(r.update)
         ws.append(float(r.weight) if weighted else 1.0)

@@ -11,7 +11,7 @@ import numpy as np
 import optax
 import pytest
 import scipy.linalg
-from helpers import run_jitted
+from helpers import engine_cohort, run_jitted
 from helpers import take as _take
 
 from fedjax_pfl import aggregators, algorithms, attacks, models
@@ -19,7 +19,7 @@ from fedjax_pfl import data as fdata
 from fedjax_pfl.algorithms._ewc import diag_fisher
 from fedjax_pfl.algorithms._perfedavg import per_fedavg_step
 from fedjax_pfl.algorithms._skl import symmetric_kl
-from fedjax_pfl.core import EngineConfig, KeyTag, execution, sample_cohort
+from fedjax_pfl.core import EngineConfig, execution
 from fedjax_pfl.core._local import local_train, prox_penalty
 from fedjax_pfl.data._federated import client_batch_indices, gather_batch
 from fedjax_pfl.models._model import batch_loss
@@ -62,14 +62,6 @@ def _oracle(name, fn, *args, **kwargs):
         _ORACLES[name] = fn(*args, **kwargs)
     return _ORACLES[name]
 
-
-def _cohort(data, key, t, m, mode="size_weighted"):
-    """Round t's cohort and client keys, as the engine draws them."""
-    rkey = jax.random.fold_in(key, t)
-    ids = np.asarray(sample_cohort(jax.random.fold_in(rkey, KeyTag.COHORT),
-                                   data.train.counts, m, mode))
-    ck = jax.random.fold_in(rkey, KeyTag.CLIENT)
-    return [(int(c), jax.random.fold_in(ck, data.key_ids[c])) for c in ids]
 
 
 def _tmap(f, *trees):
@@ -124,7 +116,7 @@ def _apfl_loop(data, rounds, alpha, lr, alpha_lr, adaptive):
     a = jnp.full((7,), alpha)
     for t in range(rounds):
         deltas = []
-        for c, k in _cohort(data, jax.random.key(0), t, 3):
+        for c, k in engine_cohort(data, jax.random.key(0), t, 3, "size_weighted"):
             wk, vk, ak = client(w, _take(v, c), a[c], c, k)
             deltas.append(_tmap(jnp.subtract, wk, w))
             v, a = _set(v, c, vk), a.at[c].set(ak)
@@ -167,7 +159,7 @@ def test_l2sgd_equals_python_loop(data, mode, engine):
     ws = _tmap(lambda a: jnp.broadcast_to(a, (7, *a.shape)), wbar)
     for t in range(3):
         ups = []
-        for c, k in _cohort(data, jax.random.key(0), t, 3):
+        for c, k in engine_cohort(data, jax.random.key(0), t, 3, "size_weighted"):
             old = _take(ws, c)
             new = train(old, c, k, wbar)
             ups.append(_tmap(jnp.subtract, new, old if mode == "exact" else wbar))
@@ -307,7 +299,7 @@ def _per_fedavg_loop(data):
     w = MODEL.init(jax.random.key(1))
     for t in range(2):
         deltas = []
-        for c, k in _cohort(data, jax.random.key(0), t, 3):
+        for c, k in engine_cohort(data, jax.random.key(0), t, 3, "size_weighted"):
             deltas.append(_tmap(jnp.subtract, client(w, c, k), w))
         w = _tmap(jnp.add, w, _mean(deltas))
     return w

@@ -1,9 +1,7 @@
 """Execution settings are given once, to the driver: the engine in force when
-a round is traced decides how it runs, and shared hyperparameters have one
-default (factories refusing engine/unroll and EngineConfig's own checks:
+a round is traced decides how it runs (factories refusing engine/unroll,
+EngineConfig's own checks and the shared hyperparameters' one default:
 tests/algorithms/test_contract.py)."""
-
-import inspect
 
 import jax
 import jax.extend
@@ -23,34 +21,6 @@ HP = dict(client_lr=0.1, num_local_steps=3, batch_size=4, cohort_size=4)
 def data():
     return fdata.fedprox_synthetic(1.0, 1.0, num_clients=6, dim=6, num_classes=3,
                                    min_size=10, max_size=40, seed=2)
-
-
-def _factories():
-    out = {}
-    for name in dir(algorithms):
-        f = getattr(algorithms, name)
-        if inspect.isfunction(f) and next(iter(inspect.signature(f).parameters),
-                                          None) in ("model", "dual"):
-            out[name] = f
-    return out
-
-
-SHARED_DEFAULTS = {"num_local_steps": 10, "cohort_size": 10, "cohort": "uniform",
-                   "client_lr": 0.1, "batch_size": 32, "weighted": True}
-
-
-def test_shared_hyperparameters_have_one_default():
-    """Paper settings live in the presets; a factory's own default for a shared
-    name is the same everywhere (dp_fedavg's Poisson sampling is its own)."""
-    for name, f in _factories().items():
-        for p in inspect.signature(f).parameters.values():
-            if p.name in SHARED_DEFAULTS and p.default is not inspect.Parameter.empty:
-                if (name, p.name) == ("fedplus", "num_local_steps"):
-                    assert p.default is None  # the stragglers' max, else 10
-                    continue
-                assert p.default == SHARED_DEFAULTS[p.name], (name, p.name)
-            if p.name == "sampling" and name != "dp_fedavg":
-                assert p.default == "with_replacement", name
 
 
 def test_execution_sets_and_restores_the_engine():
