@@ -14,6 +14,9 @@ from ._accounting import epsilon as epsilon
 from ._accounting import fedfdp_event as fedfdp_event
 from ._accounting import max_rounds as max_rounds
 from ._accounting import sampled_gaussian_event as sampled_gaussian_event
+from ._audit import AuditResult as AuditResult
+from ._audit import clopper_pearson as clopper_pearson
+from ._audit import epsilon_lower_bound as epsilon_lower_bound
 from ._client_dp import client_level_dp as client_level_dp
 from ._client_dp import clip_updates as clip_updates
 from ._clip import FAIR_CLIP_MODES as FAIR_CLIP_MODES
