@@ -62,7 +62,7 @@ def test_the_threshold_is_chosen_on_the_first_halves_only():
     """First halves perfectly separated, second halves the same scores: the
     chosen threshold separates the first halves (TPR = 1 there) but the bound
     comes from the second, where the worlds agree, so it is 0. A bound computed
-    on the selection half would be about 6.6."""
+    on the selection half would be about 6.3."""
     rng = np.random.default_rng(2)
     n = 2000
     shared = rng.normal(size=n)
