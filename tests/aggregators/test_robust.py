@@ -235,7 +235,9 @@ def test_geometric_median_matches_float64_reference(weighted):
         out, st = agg.aggregate(agg.init(None), {"x": jnp.asarray(x)}, jnp.asarray(W7),
                                 jnp.ones(7), None)
         np.testing.assert_allclose(np.asarray(out["x"]), want, atol=1e-8)
-        assert int(st.iterations) == 1000
+        # tol 0: it stops only at an exact fixed point (which LLVM -O0 code,
+        # the suite's, can reach), else after all 1000 iterations
+        assert 1 < int(st.iterations) <= 1000
     got32 = _run(A.geometric_median(weighted=weighted), x, W7)
     np.testing.assert_allclose(got32, want, atol=2e-3)
     # The outlier drags the mean; the geometric median moves much less.
