@@ -40,13 +40,16 @@ MODELS = {
 
 
 def report(paths) -> str:
-    rows = ["| model | rounds | epsilon | swept | value | lambda | C | test acc % | "
-            "Psi (test loss) |", "|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| model | rounds | normaliser | epsilon | swept | value | lambda | C | "
+            "test acc % | Psi (test loss) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for path in paths:
         with open(path) as fh:
             for r in map(json.loads, fh):
+                norm = r.get("normalize", "realized")  # older records: the paper's
+                eps = ("-" if r["epsilon"] is None else f"{r['epsilon']:.3f}"
+                       + (", not a bound" if norm == "realized" else ""))
                 rows.append(
-                    f"| {r['model']} | {r['rounds']} | {r['epsilon']:.3f} | "
+                    f"| {r['model']} | {r['rounds']} | {norm} | {eps} | "
                     f"{r['sweep']} | {r['value']:g} | {r['lam']:g} | {r['clip']:g} | "
                     f"{100 * r['accuracy']:.2f} | {r['psi']:.4g} |")
     return "\n".join(rows)
@@ -66,6 +69,10 @@ def main(argv=None):
     p.add_argument("--sigma", type=float, default=2.0)
     p.add_argument("--sigma-loss", type=float, default=5.0)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--normalize", default="expected", choices=["expected", "realized"],
+                   help="DP-SGD normaliser: q n_k (accounted) or the realised batch "
+                        "size (the paper's; not accounted; the records made before "
+                        "2026-11-24 used it)")
     p.add_argument("--max-examples", type=int, default=None, help="smoke runs only")
     args = parse_or_report(p, argv, report, multiple=True)
     if args is None:
@@ -85,7 +92,8 @@ def main(argv=None):
         kw = {"lam": args.lam, "clip": args.clip, args.sweep: value}
         return _presets.fedfdp_algorithm(
             "fedfdp", model, q=args.q, lr=args.lr, sigma=args.sigma,
-            sigma_loss=args.sigma_loss, num_clients=fed.num_clients, **kw)
+            sigma_loss=args.sigma_loss, num_clients=fed.num_clients,
+            normalize=args.normalize, **kw)
 
     t0 = time.perf_counter()
     _, hist = fp.sweep(make, {"value": np.asarray(args.values, np.float32)}, fed,
@@ -95,7 +103,9 @@ def main(argv=None):
     meta, records = _meta(), []
     for i, v in enumerate(args.values):
         rec = dict(meta, benchmark="fedfdp_sweeps", model=args.model,
-                   rounds=args.rounds, epsilon=eps, delta=DELTA, sweep=args.sweep,
+                   rounds=args.rounds, delta=DELTA, sweep=args.sweep,
+                   normalize=args.normalize, epsilon=eps,
+                   accounted=args.normalize == "expected",
                    value=v, lam=v if args.sweep == "lam" else args.lam,
                    clip=v if args.sweep == "clip" else args.clip, q=args.q,
                    sigma=args.sigma, sigma_loss=args.sigma_loss, lr=args.lr,

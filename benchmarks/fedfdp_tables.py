@@ -64,14 +64,20 @@ def report(path: str) -> str:
     with open(path) as fh:
         for r in map(json.loads, fh):
             last[(r["dataset"], r["method"], r["seed"], r["round"])] = r
-    lines = ["| dataset | method | rounds | epsilon (delta 1e-5) | test acc % | Psi "
-             "(test loss) | paper acc % | paper Psi | wall s |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| dataset | method | rounds | normaliser | epsilon (delta 1e-5) | "
+             "test acc % | Psi (test loss) | paper acc % | paper Psi | wall s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for (ds, m, _, _), r in sorted(last.items(), key=lambda kv: (
             kv[0][0], METHODS.index(kv[0][1]), kv[0][2], kv[0][3])):
-        eps = f"{r['epsilon']:.3f}" if r.get("epsilon") else "-"
+        private = m in PRIVATE
+        # records made before 2026-11-24 carry no normaliser: the paper's |B|
+        norm = r.get("normalize", "realized") if private else "-"
+        eps = "-" if not private else (
+            f"{r['epsilon']:.3f}, not a bound" if norm == "realized"
+            and r.get("epsilon") else f"{r['epsilon']:.3f}" if r.get("epsilon")
+            else "not accounted")
         pa, pp = PAPER.get((ds, m), ("", ""))
-        lines.append(f"| {ds} | {m} | {r['round']} | {eps} | "
+        lines.append(f"| {ds} | {m} | {r['round']} | {norm} | {eps} | "
                      f"{100 * r['global/test/accuracy/mean']:.2f} | "
                      f"{r['global/test/loss/psi']:.3g} | {pa} | {pp} | "
                      f"{r['wall_s']:.0f} |")
@@ -101,6 +107,10 @@ def main(argv=None):
                    choices=["auto", "unroll", "map", "vmap"],
                    help="client-parallel strategy (auto: the backend's default; the "
                         "rows in docs/results/privacy.md ran with unroll)")
+    p.add_argument("--normalize", default="expected", choices=["expected", "realized"],
+                   help="DP-SGD normaliser: q n_k (accounted) or the realised batch "
+                        "size (the paper's eq. 12; not accounted, no epsilon; the "
+                        "rows recorded before 2026-11-24 used it)")
     p.add_argument("--max-examples", type=int, default=None, help="smoke runs only")
     args = parse_or_report(p, argv, report)
     if args is None:
@@ -115,12 +125,14 @@ def main(argv=None):
               f"{np.asarray(fed.train.counts).tolist()}")
         for m in args.methods:
             t0 = time.perf_counter()
-            ev = _presets.fedfdp_events(args.q, args.sigma, args.sigma_loss)
-            mon = privacy.Monitor(ev[m], DELTA) if m in PRIVATE else None
             alg = _presets.fedfdp_algorithm(
                 m, model, q=args.q, lr=args.lr if m in PRIVATE else args.lr_nonprivate,
                 lam=args.lam, clip=args.clip, sigma=args.sigma,
-                sigma_loss=args.sigma_loss, num_clients=fed.num_clients)
+                sigma_loss=args.sigma_loss, num_clients=fed.num_clients,
+                normalize=args.normalize)
+            mech = alg.privacy(fed) if m in PRIVATE else None
+            mon = (privacy.Monitor(mech, DELTA) if mech is not None and mech.accounted
+                   else None)
             res = simulate(alg, fed, num_rounds=rounds[m],
                            eval_every=min(args.eval_every, rounds[m]),
                            key=jax.random.key(args.seed), splits=("test",),
@@ -131,6 +143,8 @@ def main(argv=None):
                    "wall_s": time.perf_counter() - t0, "target_epsilon": eps,
                    "epsilon": last.get("privacy/epsilon"), "q": args.q,
                    "clip": args.clip, "sigma": args.sigma, "lam": args.lam,
+                   "normalize": args.normalize,
+                   "not_accounted": None if mech is None else mech.reason,
                    "lr": args.lr if m in PRIVATE else args.lr_nonprivate, **{k: v for k, v in last.items()
                                      if k.startswith(("global/", "round", "train/"))}}
             records.append(rec)

@@ -34,6 +34,10 @@ class Aggregator(NamedTuple):
     needs_losses: bool = False
     """Whether clients must also report their training loss at the round-start
     global model (costs one full pass over each selected client's data)."""
+    client_dp: Any = None
+    """Set by :func:`fedjax_pfl.privacy.client_level_dp` (its clip, noise
+    multiplier and whether the wrapped rule is the unweighted mean): algorithms
+    read it to declare their client-level DP mechanism."""
 
 
 def weighted_mean(updates: PyTree, weights: jax.Array) -> PyTree:

@@ -37,6 +37,7 @@ from fedjax_pfl.privacy import DPConfig
 from fedjax_pfl.toolkit import (
     check_cohort,
     check_malicious,
+    client_dp_mechanism,
     finetune_views,
     global_solver,
     lift_clients,
@@ -53,7 +54,7 @@ from fedjax_pfl.validation import (
 )
 
 from ._checks import check_grid
-from ._dp import dp_client_update
+from ._dp import check_dp_aggregator, dp_client_update, dp_mechanism
 
 LAM_SELECTION = ("fixed", "paper", "greedy_step")
 BATCHES = ("independent", "shared")
@@ -308,7 +309,11 @@ def ditto(
         ``algorithms.dp_fedavg`` (Poisson batches when ``dp.sampling_rate`` is
         set), while ``v_k`` stays on the device and trains without noise. The
         released global trajectory is DP-FedAvg's, so Ditto+DP has DP-FedAvg's
-        epsilon (the paper's §3.2); account with ``privacy.dp_sgd_event``.
+        epsilon (the paper's §3.2), declared as ``Algorithm.privacy``
+        (``privacy.Monitor.of(alg, data, delta)``). A loss-using
+        ``aggregator`` (TERM, k-loss) is refused with ``dp``. Without ``dp``, a
+        ``privacy.client_level_dp`` aggregator declares client-level DP
+        (``cohort`` must then be ``'uniform'`` or ``'full'``).
       finetune_steps, finetune_lr, finetune_lam: the finetuning solver's
         evaluation (``finetune_lam`` defaults to ``lam`` when it is a scalar); a
         tuple of step counts reports one ``finetuned_<count>`` view each, along
@@ -357,9 +362,16 @@ def ditto(
     solver = global_solver(model, cfg, aggregator=aggregator, weighted=weighted,
                            server_optimizer=server_optimizer,
                            attack=attack, malicious=malicious)
-    global_update = solver.client_update if dp is None else dp_client_update(
-        model, cfg, dp, "poisson" if dp.sampling_rate is not None else sampling,
-        solver, attack, malicious)
+    if dp is None:
+        global_update = solver.client_update
+        mechanism = client_dp_mechanism(solver.aggregator, cohort_size, cohort)
+    else:
+        check_dp_aggregator(aggregator)
+        dp_sampling = "poisson" if dp.sampling_rate is not None else sampling
+        global_update = dp_client_update(model, cfg, dp, dp_sampling, solver, attack,
+                                         malicious)
+        mechanism = dp_mechanism(cfg, dp, dp_sampling, "Ditto's global update "
+                                 "(DP-FedAvg; personal models stay on the device)")
 
     def check_data(data):
         check_malicious(malicious, data.num_clients)
@@ -395,5 +407,5 @@ def ditto(
         out.update(finetune_views(model, state.server.params, data, key, ft_cfg))
         return out
 
-    return Algorithm(init, checked_step, eval_models)
+    return Algorithm(init, checked_step, eval_models, mechanism)
 

@@ -24,14 +24,18 @@ from fedjax_pfl.core import (
     Algorithm,
     ClientResult,
     ModelView,
-    client_loss,
     client_steps,
     make_local_config,
     passes_needed,
     resolve_unroll,
 )
 from fedjax_pfl.models import Model
-from fedjax_pfl.privacy import DPConfig, dp_local_train, make_dp_config
+from fedjax_pfl.privacy import (
+    DPConfig,
+    dp_local_train,
+    dp_sgd_mechanism,
+    make_dp_config,
+)
 from fedjax_pfl.toolkit import (
     attack_delta,
     check_cohort,
@@ -57,6 +61,31 @@ def dp_steps(cfg, dp: DPConfig, sampling: str, split, cid):
     return client_steps(cfg, split, cid)
 
 
+def check_dp_aggregator(aggregator) -> None:
+    """Refuses an aggregator that reads the clients' exact training losses
+    (TERM's tilted mean, k-loss): with DP they would be released un-noised."""
+    if aggregator is not None and aggregator.needs_losses:
+        raise ValueError("aggregator: this rule weights or selects the noisy "
+                         "uploads by each client's exact, un-noised training "
+                         "loss, which DP does not cover; use a rule that reads "
+                         "only the uploads (mean, median, Krum, ...)")
+
+
+def dp_mechanism(cfg, dp: DPConfig, sampling: str, what: str):
+    """``data -> privacy.Mechanism`` of FedAvg's client update with local DP-SGD
+    (``Algorithm.privacy``): ``steps`` Poisson-subsampled Gaussian steps per
+    round, ``ceil(local_epochs / q)`` with epochs."""
+    steps = cfg.num_steps
+    if sampling == "poisson" and cfg.epochs is not None:
+        steps = dp_steps(cfg, dp, sampling, None, None)[0]
+
+    def mechanism(data):
+        return dp_sgd_mechanism(dp, sampling=sampling, steps_per_round=steps,
+                                max_count=data.train.max_count, what=what)
+
+    return mechanism
+
+
 def dp_client_update(model: Model, cfg, dp: DPConfig, sampling: str, solver,
                      attack=None, malicious=None):
     """FedAvg's client update with local DP-SGD instead of SGD (same upload
@@ -77,8 +106,6 @@ def dp_client_update(model: Model, cfg, dp: DPConfig, sampling: str, solver,
         if attack is not None:
             delta = attack_delta(attack, mal, key, delta, cid, cohort_size)
         metrics = {"loss": loss, **dpm}
-        if solver.aggregator.needs_losses:  # non-private diagnostics for TERM etc.
-            metrics["round_start_loss"] = client_loss(model, w, data.train, cid)
         n = data.train.counts[cid].astype(jnp.float32)
         return ClientResult((), delta, n, metrics)
 
@@ -97,7 +124,7 @@ def dp_fedavg(
     batch_size: int = 32,
     sampling: str = "poisson",
     max_batch_size: int | None = None,
-    normalize: str | float = "realized",
+    normalize: str | float = "expected",
     clip_method: str = "auto",
     chunk_size: int | None = None,
     cohort_size: int = 10,
@@ -117,11 +144,14 @@ def dp_fedavg(
     server optimizer): uploads are post-processing of the noisy steps.
     ``num_local_steps=1`` is DP-FedSGD, the FedFDP paper's DP-FedAvg baseline.
 
-    Privacy of client k (add/remove one of its records): ``rounds_k *
-    num_local_steps`` Poisson-subsampled Gaussians; account with
-    ``privacy.epsilon(privacy.dp_sgd_event(q, sigma, rounds, steps), delta)``.
-    Guarantee needs ``sampling='poisson'``; other modes are for comparisons
-    (e.g. ``clip=inf, noise_multiplier=0`` with ``'with_replacement'`` is FedAvg).
+    Privacy of client k (add/remove one of its records): ``rounds *
+    num_local_steps`` Poisson-subsampled Gaussians, declared as
+    ``Algorithm.privacy`` (``privacy.Monitor.of(alg, data, delta)`` reports its
+    epsilon; ``privacy.dp_sgd_event(q, sigma, rounds, steps)`` is its event).
+    The guarantee needs ``sampling='poisson'``, a finite clip, noise and a
+    data-independent normaliser; other settings run, for comparisons (e.g.
+    ``clip=inf, noise_multiplier=0`` with ``'with_replacement'`` is FedAvg), but
+    their declared mechanism is not accounted and no epsilon is reported.
 
     Args:
       model: the model.
@@ -134,10 +164,13 @@ def dp_fedavg(
         per round), each client's own epoch count otherwise.
       batch_size: batch size of the non-Poisson modes.
       sampling: ``'poisson'`` or a mode of ``data.client_batch_indices``.
-      max_batch_size: static cap of a Poisson batch (default: 6 sigma above
-        q times the largest client; truncations are counted in ``dp/truncated``).
-      normalize: ``'realized'`` (|B|, the paper), ``'expected'`` (q n_k) or a
-        number.
+      max_batch_size: static cap of a Poisson batch (default: truncation
+        chance <= 1e-12 per draw for the largest client plus one record,
+        ``privacy.default_max_batch_size``; truncations are counted in
+        ``dp/truncated`` and their chance is added to the reported delta).
+      normalize: ``'expected'`` (q n_k, accounted), a number (accounted) or
+        ``'realized'`` (|B|, FedFDP's eq. 12; NOT accounted: the realised size
+        depends on the data).
       clip_method, chunk_size: ``'auto'`` (ghost norms when the model allows,
         else nested vmap with a warning; metric ``dp/ghost``), ``'ghost'``,
         ``'vmap'``; ``chunk_size`` bounds the nested-vmap memory.
@@ -145,9 +178,11 @@ def dp_fedavg(
         malicious: as in :func:`fedavg`.
 
     Raises:
-      ValueError: naming the argument, for out-of-range values.
+      ValueError: naming the argument, for out-of-range values, or
+        ``aggregator`` for a rule that reads the clients' training losses.
     """
     check_clip("clip", clip)
+    check_dp_aggregator(aggregator)
     check_int("max_batch_size", max_batch_size, lo=1, allow_none=True)
     check_int("chunk_size", chunk_size, lo=1, allow_none=True)
     dp = make_dp_config(clip, noise_multiplier, sampling, sampling_rate,
@@ -165,6 +200,7 @@ def dp_fedavg(
     def eval_models(state, data, key):
         return {"global": ModelView(model, state.server.params, False)}
 
-    return stateless_algorithm(solver, client_update, eval_models,
-                               cohort_size=cohort_size, cohort=cohort,
-                               malicious=malicious)
+    alg = stateless_algorithm(solver, client_update, eval_models,
+                              cohort_size=cohort_size, cohort=cohort,
+                              malicious=malicious)
+    return alg._replace(privacy=dp_mechanism(cfg, dp, sampling, "DP-FedAvg"))

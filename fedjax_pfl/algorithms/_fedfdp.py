@@ -35,7 +35,13 @@ from fedjax_pfl.core import (
 )
 from fedjax_pfl.data import gather_batch
 from fedjax_pfl.models import Model
-from fedjax_pfl.privacy import dp_batches, dp_local_train, make_dp_config, release_loss
+from fedjax_pfl.privacy import (
+    dp_batches,
+    dp_local_train,
+    dp_sgd_mechanism,
+    make_dp_config,
+    release_loss,
+)
 from fedjax_pfl.toolkit import (
     check_cohort,
     check_malicious,
@@ -47,6 +53,7 @@ from fedjax_pfl.validation import (
     check_int,
     check_nonnegative,
     check_positive,
+    is_concrete,
 )
 
 WEIGHTINGS = ("per_sample", "batch")
@@ -137,7 +144,7 @@ def fedfdp(
     num_local_steps: int = 10,
     weighting: str = "per_sample",
     fair_clip: str = "sign_preserving",
-    normalize: str | float = "realized",
+    normalize: str | float = "expected",
     loss_clip_floor: float | jax.Array = 0.0,
     adaptive_loss_clip: bool = True,
     max_batch_size: int | None = None,
@@ -155,7 +162,8 @@ def fedfdp(
     C_loss = 2.5, sigma_loss = 5, lam = 0.1 (this factory's defaults) and
     lr = 1, one local step, every client every round (set by the FedFDP
     presets: ``client_lr``, ``num_local_steps`` and ``cohort`` keep the
-    package's shared defaults here). Privacy (per client, sample level): account with
+    package's shared defaults here). Privacy (per client, sample level): the
+    declared mechanism (``Algorithm.privacy``; ``privacy.Monitor.of``) is
     ``privacy.fedfdp_event(q, sigma, rounds, sigma_loss, num_local_steps)``.
 
     Args:
@@ -168,11 +176,15 @@ def fedfdp(
       sampling_rate: Poisson rate q of both the gradient and the loss batches.
       client_lr, num_local_steps: local step size and DP-SGD steps per round.
       weighting: ``'per_sample'`` (FedFDP, eq. 11) or ``'batch'`` (FedFair's
-        ``1 + lam (mean batch loss - F_hat)``).
+        ``1 + lam (mean batch loss - F_hat)``; refused with noise and a nonzero
+        ``lam``: one record would change every example's factor, so the
+        sensitivity is no longer C).
       fair_clip: ``'sign_preserving'`` (DP-safe), ``'paper'`` or ``'code'``
-        (see ``privacy.clip_factor``).
-      normalize: ``'realized'`` (|B|, the paper), ``'expected'`` (q n_k) or a
-        number (the authors' code: 64); used for the loss release too.
+        (see ``privacy.clip_factor``; with ``lam > 0`` these two are not
+        accounted: a negative weight leaves the clipped gradient unbounded).
+      normalize: ``'expected'`` (q n_k), a number (the authors' code: 64) or
+        ``'realized'`` (|B|, the paper's eq. 12 and 15; NOT accounted: the
+        realised size depends on the data); used for the loss release too.
       loss_clip_floor: lower bound of the adaptive loss bound (0 = the paper; a
         bound that reaches 0 then stays there).
       adaptive_loss_clip: the next round's loss bound is the client's released
@@ -197,6 +209,13 @@ def fedfdp(
     check_choice("adaptive_loss_clip", adaptive_loss_clip, (True, False))
     dp = make_dp_config(clip, noise_multiplier, "poisson", sampling_rate,
                         max_batch_size, normalize, clip_method, chunk_size, fair_clip)
+    if weighting == "batch" and _maybe_nonzero(noise_multiplier) \
+            and _maybe_nonzero(lam):
+        raise ValueError("weighting: 'batch' weights every example by the batch's "
+                         "mean loss, so one record changes every example's clip "
+                         "factor and the sensitivity is no longer the clip; with "
+                         "noise_multiplier > 0 and lam > 0 use "
+                         "weighting='per_sample'")
     if cohort != "full":
         check_cohort(cohort_size, cohort)
 
@@ -227,7 +246,23 @@ def fedfdp(
     def eval_models(state, data, key):
         return {"global": ModelView(model, state.server.params, False)}
 
-    return Algorithm(init, step, eval_models)
+    unbounded = () if fair_clip == "sign_preserving" or not _maybe_nonzero(lam) \
+        else (f"fair_clip={fair_clip!r}: a negative fairness weight leaves the "
+              "clipped gradient unbounded (use 'sign_preserving')",)
+
+    def mechanism(data):
+        return dp_sgd_mechanism(dp, sampling="poisson",
+                                steps_per_round=num_local_steps,
+                                max_count=data.train.max_count, what="FedFDP",
+                                loss_release=(loss_clip, loss_noise_multiplier),
+                                extra_reasons=unbounded)
+
+    return Algorithm(init, step, eval_models, mechanism)
+
+
+def _maybe_nonzero(x) -> bool:
+    """False only for a concrete value that is exactly 0 everywhere."""
+    return not (is_concrete(x) and np.all(np.asarray(x) == 0))
 
 
 def fedfair(

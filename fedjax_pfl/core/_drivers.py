@@ -137,7 +137,7 @@ def check_labels(data, classes: Mapping[str, int]) -> None:
 
 
 def _validate_privacy(privacy) -> None:
-    needed = ("metrics", "allows", "config", "target_epsilon")
+    needed = ("metrics", "allows", "config", "target_epsilon", "bind")
     if privacy is not None and not all(hasattr(privacy, a) for a in needed):
         raise ValueError("privacy: must be a fedjax_pfl.privacy.Monitor or None, got "
                          f"{type(privacy).__name__}")
@@ -300,6 +300,8 @@ def simulate(
       privacy: a :class:`fedjax_pfl.privacy.Monitor`: adds ``privacy/epsilon`` and
         ``privacy/delta`` to every row, and with a ``target_epsilon`` stops
         before a chunk of rounds whose end would exceed it (docs/privacy.md).
+        Refused unless ``algorithm`` declares an accounted mechanism
+        (``Algorithm.privacy``) whose epsilon the monitor's event gives.
       engine: the :class:`EngineConfig` every round, evaluation and finetuning
         of the run executes under (strategy, mesh, buckets, determinism,
         local-loop unroll; default ``EngineConfig()``, or the one of an
@@ -341,6 +343,8 @@ def _simulate(algorithm, data, *, num_rounds, eval_every, key, eval_mask, splits
     _validate_privacy(privacy)
     _validate_algorithm(algorithm)
     _validate_data(data)
+    if privacy is not None:  # the epsilon must be the declared mechanism's
+        privacy.bind(algorithm, data)
     splits = check_eval_args(data, splits=splits, mask=eval_mask,
                              mask_name="eval_mask")
     check_file("jsonl_path", jsonl_path)

@@ -50,11 +50,15 @@ class Algorithm(NamedTuple):
         ``fold_in(key, state.round)``.
       eval_models: ``(state, data, key) -> {name: ModelView}``, the models whose
         per-client metrics are reported (e.g. ``global``, ``personal``).
+      privacy: ``data -> fedjax_pfl.privacy.Mechanism``, the differentially
+        private mechanism the algorithm runs on ``data`` (``None``: it declares
+        none, and ``simulate`` reports no epsilon for it). See docs/privacy.md.
     """
 
     init: Callable[[jax.Array, Any], AlgorithmState]
     round_step: Callable[[AlgorithmState, Any, jax.Array], tuple[AlgorithmState, dict]]
     eval_models: Callable[[AlgorithmState, Any, jax.Array], dict[str, ModelView]]
+    privacy: Callable[[Any], Any] | None = None
 
 
 class ClientResult(NamedTuple):

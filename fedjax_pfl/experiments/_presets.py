@@ -243,10 +243,11 @@ def fedfdp_data(dataset: str, seed: int = 1, num_clients: int = 10,
 
 
 def fedfdp_algorithm(method, model, *, q, lr, lam, clip, sigma, sigma_loss,
-                     num_clients):
+                     num_clients, normalize="expected"):
     """FedFDP Tables 1-2 methods: fedavg (= FedFair with lam 0), fedfair,
     dp_fedavg (DP-FedSGD), fedfdp; every client every round, one local step."""
-    common = dict(sampling_rate=q, client_lr=lr, num_local_steps=1)
+    common = dict(sampling_rate=q, client_lr=lr, num_local_steps=1,
+                  normalize=normalize)
     if method in ("fedavg", "fedfair"):
         return algorithms.fedfair(model, lam=lam if method == "fedfair" else 0.0,
                                   cohort="full", **common)
@@ -281,16 +282,19 @@ def _fedfdp(cfg):
     alg = fedfdp_algorithm(m, model, q=cfg["q"], lr=cfg["lr"], lam=cfg["lam"],
                            clip=cfg.get("clip", np.inf), sigma=cfg.get("sigma", 0.0),
                            sigma_loss=cfg.get("sigma_loss", 0.0),
-                           num_clients=fed.num_clients)
+                           num_clients=fed.num_clients,
+                           normalize=cfg["normalize"])
     if m not in ("fedfdp", "dp_fedavg"):
         return Experiment(alg, fed, views=("global",))
     eps, plan = fedfdp_plan(cfg["rounds"], cfg["q"], cfg["sigma"], cfg["sigma_loss"],
                             cfg["target_epsilon"] or None)
-    mon = privacy.Monitor(fedfdp_events(cfg["q"], cfg["sigma"], cfg["sigma_loss"])[m],
-                          FEDFDP_DELTA)
-    return Experiment(alg, fed, None, mon, ("global",),
-                      {"epsilon_budget": eps, "delta": FEDFDP_DELTA,
-                       "num_rounds": plan[m]})
+    info = {"epsilon_budget": eps, "delta": FEDFDP_DELTA, "num_rounds": plan[m]}
+    mech = alg.privacy(fed)
+    if not mech.accounted:  # e.g. the paper's realised normaliser: no epsilon
+        info["not_accounted"] = mech.reason
+        return Experiment(alg, fed, None, None, ("global",), info)
+    mon = privacy.Monitor(mech, FEDFDP_DELTA)
+    return Experiment(alg, fed, None, mon, ("global",), info)
 
 
 def _fedfdp_keys(methods, method, rounds, private):
@@ -301,7 +305,11 @@ def _fedfdp_keys(methods, method, rounds, private):
             "q": Key(0.05, "Poisson sampling rate of each client's batch", low=1e-9,
                      high=1.0),
             "lr": Key(1.0, "client learning rate", low=1e-12),
-            "lam": Key(0.1, "fairness strength lambda", low=0.0)}
+            "lam": Key(0.1, "fairness strength lambda", low=0.0),
+            "normalize": Key("expected", "DP-SGD normaliser: q n_k (accounted) or "
+                             "the realised batch size (the paper's; not accounted, "
+                             "no epsilon is reported)",
+                             choices=("expected", "realized"))}
     if private:
         keys.update(clip=Key(0.1, "per-sample clip C", low=1e-12),
                     sigma=Key(2.0, "noise multiplier", low=0.0),

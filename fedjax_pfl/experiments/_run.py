@@ -3,7 +3,10 @@
 ``<out>/config.json`` (the resolved config, the preset, versions),
 ``<out>/history.jsonl`` (one row per evaluation), ``<out>/clients.csv`` (final
 per-client metrics), ``<out>/plots/*.png`` and ``<out>/checkpoints/`` (atomic
-orbax checkpoints; ``resume=True`` continues a stopped run exactly).
+orbax checkpoints; ``resume=True`` continues a stopped run exactly). A preset
+whose algorithm declares a DP mechanism also writes ``<out>/privacy.json``, the
+privacy ledger (:func:`privacy_ledger`), rewritten atomically at every
+evaluation.
 """
 
 from __future__ import annotations
@@ -85,6 +88,41 @@ def _check_experiment(exp, cfg: Mapping[str, Any], key, engine=None) -> int:
     preflight(exp.algorithm, exp.data, key, eval_mask=exp.eval_mask, splits=SPLITS,
               views=exp.views, engine=engine)
     return int(num_rounds)
+
+
+def privacy_ledger(exp: Experiment, rounds) -> dict | None:
+    """The run's privacy ledger: the mechanism the algorithm declares
+    (level, description, settings, whether it is accounted and why not), and,
+    when the preset accounts it, the accountant's settings and epsilon and
+    total delta at each evaluated round. ``None`` for a non-private
+    algorithm."""
+    fn = getattr(exp.algorithm, "privacy", None)
+    if fn is None:
+        return None
+    if exp.privacy is not None:
+        return exp.privacy.ledger(rounds)
+    mech = fn(exp.data)
+    return {"mechanism": mech.record(), "evaluations": [],
+            "epsilon": None if not mech.accounted else
+            "accounted, but this preset reports no epsilon"}
+
+
+def _ledger_callback(out: Path, exp: Experiment, resume: bool):
+    """A ``simulate`` callback that rewrites ``privacy.json`` after every
+    evaluation (resumed runs keep the earlier rounds), then calls the preset's
+    own callback."""
+    path = out / "privacy.json"
+    rounds: list[int] = []
+    if resume and path.exists():
+        rounds = [e["round"] for e in json.loads(path.read_text())["evaluations"]]
+
+    def callback(state, row):
+        rounds[:] = [r for r in rounds if r < row["round"]] + [row["round"]]
+        _write_atomic(path, json.dumps(privacy_ledger(exp, rounds), indent=1))
+        if exp.callback is not None:
+            exp.callback(state, row)
+
+    return callback
 
 
 def per_client_table(algorithm, state, fed, key, views,
@@ -187,12 +225,14 @@ def run_preset(name: str, overrides: Mapping[str, Any] | None = None, *,
         ckpt = eval_every
     if not resume and (out / "history.jsonl").exists():
         (out / "history.jsonl").unlink()  # a run that crashed before its 1st checkpoint
+    private = getattr(exp.algorithm, "privacy", None) is not None
+    callback = _ledger_callback(out, exp, resume) if private else exp.callback
     res = simulate(exp.algorithm, exp.data, num_rounds=num_rounds,
                    eval_every=eval_every, key=key, eval_mask=exp.eval_mask,
                    splits=SPLITS, progress=progress,
                    jsonl_path=str(out / "history.jsonl"),
                    checkpoint_dir=out / "checkpoints", checkpoint_every=ckpt,
-                   resume=resume, privacy=exp.privacy, callback=exp.callback,
+                   resume=resume, privacy=exp.privacy, callback=callback,
                    engine=eng)
     if exp.callback is not None:  # its keys come after simulate wrote each line
         _write_atomic(out / "history.jsonl",
@@ -202,6 +242,10 @@ def run_preset(name: str, overrides: Mapping[str, Any] | None = None, *,
         cols["benign"] = np.asarray(exp.eval_mask).astype(int)
     write_csv(out / "clients.csv", cols)
     files = ["config.json", "history.jsonl", "clients.csv", "checkpoints/"]
+    if private:
+        _write_atomic(out / "privacy.json", json.dumps(
+            privacy_ledger(exp, [r["round"] for r in res.history]), indent=1))
+        files.append("privacy.json")
     benign = None if exp.eval_mask is None else np.asarray(exp.eval_mask) > 0
     files += make_plots(out, res.history, cols, exp.views, name, benign)
     return {"config": cfg, "history": res.history, "final": res.history[-1],

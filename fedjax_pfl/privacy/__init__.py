@@ -1,6 +1,7 @@
 """Differential privacy: per-example clipping (nested vmap and ghost norms),
 Gaussian noise, Poisson sampling, client-level DP for any aggregator, fair
-clipping (FedFDP), and accounting on the host with ``dp_accounting``.
+clipping (FedFDP), the mechanisms algorithms declare (``Mechanism``), and
+accounting on the host with ``dp_accounting``.
 
 See docs/privacy.md.
 """
@@ -17,6 +18,7 @@ from ._accounting import sampled_gaussian_event as sampled_gaussian_event
 from ._audit import AuditResult as AuditResult
 from ._audit import clopper_pearson as clopper_pearson
 from ._audit import epsilon_lower_bound as epsilon_lower_bound
+from ._client_dp import ClientDP as ClientDP
 from ._client_dp import client_level_dp as client_level_dp
 from ._client_dp import clip_updates as clip_updates
 from ._clip import FAIR_CLIP_MODES as FAIR_CLIP_MODES
@@ -30,6 +32,10 @@ from ._local import DPConfig as DPConfig
 from ._local import dp_batches as dp_batches
 from ._local import dp_local_train as dp_local_train
 from ._local import make_dp_config as make_dp_config
+from ._mechanism import LEVELS as LEVELS
+from ._mechanism import Mechanism as Mechanism
+from ._mechanism import client_level_mechanism as client_level_mechanism
+from ._mechanism import dp_sgd_mechanism as dp_sgd_mechanism
 from ._monitor import Monitor as Monitor
 from ._noise import gaussian_noise as gaussian_noise
 from ._noise import noise_std as noise_std

@@ -94,16 +94,19 @@ def dp_sgd_event(sampling_rate: float, noise_multiplier: float, num_rounds: int,
 
 
 def fedfdp_event(sampling_rate: float, noise_multiplier: float, num_rounds: int,
-                 loss_noise_multiplier: float | None = None,
+                 loss_noise_multiplier: float,
                  num_local_steps: int = 1) -> dp_accounting.DpEvent:
     """FedFDP's Theorem 2: the gradient steps composed with one loss release per
-    round (Poisson(q) batch, multiplier ``loss_noise_multiplier``); ``None``
-    leaves the loss out (the authors' code, which under-counts)."""
-    if loss_noise_multiplier is not None:
-        _check_multiplier("loss_noise_multiplier", loss_noise_multiplier)
-    grad = dp_sgd_event(sampling_rate, noise_multiplier, num_rounds, num_local_steps)
+    round (Poisson(q) batch, multiplier ``loss_noise_multiplier``). The FedFDP
+    authors' code leaves the loss release out; that count is
+    :func:`dp_sgd_event`'s, which is NOT a bound for FedFDP (it releases the
+    loss too), so ``None`` is refused."""
     if loss_noise_multiplier is None:
-        return grad
+        raise ValueError("loss_noise_multiplier: FedFDP releases a noisy loss every "
+                         "round and its epsilon must count it; the gradient steps "
+                         "alone are dp_sgd_event")
+    _check_multiplier("loss_noise_multiplier", loss_noise_multiplier)
+    grad = dp_sgd_event(sampling_rate, noise_multiplier, num_rounds, num_local_steps)
     loss = sampled_gaussian_event(sampling_rate, loss_noise_multiplier, num_rounds)
     return dp_accounting.ComposedDpEvent([grad, loss])
 

@@ -8,12 +8,15 @@ number of counted cohort members. Account with
 
 The ``z S / m`` calibration is the sensitivity of the UNWEIGHTED mean
 (``aggregators.mean(weighted=False)``). A weighted mean has sensitivity
-``S max_k w_k / sum_k w_k`` and robust rules (median, Krum) others still, so
-with those the noise is still added but the accountant's guarantee does not
-follow: the wrapper leaves that choice to the caller (docs/privacy.md).
+``S max_k w_k / sum_k w_k`` and robust rules (median, Krum) others still: with
+those the noise is still added, but the algorithm's declared mechanism says it
+is not accounted, and no epsilon is reported for it. A rule that reads the
+clients' un-noised training losses (TERM, k-loss) is refused.
 """
 
 from __future__ import annotations
+
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +28,25 @@ from fedjax_pfl.validation import check_nonnegative, is_concrete
 
 from ._clip import clip_factor, tree_sq_norms
 from ._noise import gaussian_noise, noise_std
+
+
+class ClientDP(NamedTuple):
+    """The settings a :func:`client_level_dp` aggregator carries
+    (``Aggregator.client_dp``), from which algorithms declare their mechanism."""
+
+    clip: Any
+    noise_multiplier: Any
+    unweighted_mean: bool
+
+
+def _is_unweighted_mean(aggregator: Aggregator) -> bool:
+    """Whether ``aggregator`` is a plain average of the counted uploads: a
+    linear rule (``linear_weights``) whose coefficients are the mask itself."""
+    if aggregator.linear_weights is None:
+        return False
+    w, mask = np.array([1.0, 2.0, 3.0], np.float32), np.array([1.0, 1.0, 0.0],
+                                                              np.float32)
+    return bool(np.array_equal(np.asarray(aggregator.linear_weights(w, mask)), mask))
 
 
 def clip_updates(updates, clip) -> tuple[object, jax.Array]:
@@ -52,11 +74,17 @@ def client_level_dp(aggregator: Aggregator, clip, noise_multiplier) -> Aggregato
       noise_multiplier: z >= 0 (traceable).
 
     Raises:
-      ValueError: naming ``clip`` or ``noise_multiplier`` when out of range.
+      ValueError: naming ``clip`` or ``noise_multiplier`` when out of range, or
+        ``aggregator`` when it reads the clients' training losses (they are not
+        noised).
     """
     if is_concrete(clip) and not np.all(np.asarray(clip, np.float64) > 0):
         raise ValueError(f"clip: must be positive (inf disables clipping), got {clip!r}")
     check_nonnegative("noise_multiplier", noise_multiplier)
+    if aggregator.needs_losses:
+        raise ValueError("aggregator: this rule weights or selects the uploads by "
+                         "the clients' exact training losses, which are not "
+                         "noised; it cannot be used with client-level DP")
 
     def aggregate(state, updates, weights, mask, key, losses=None):
         clipped, _ = clip_updates(updates, clip)
@@ -67,4 +95,5 @@ def client_level_dp(aggregator: Aggregator, clip, noise_multiplier) -> Aggregato
         noise = gaussian_noise(jax.random.fold_in(key, KeyTag.CLIENT_DP_NOISE), agg, std)
         return jax.tree.map(jnp.add, agg, noise), state
 
-    return Aggregator(aggregator.init, aggregate, None, aggregator.needs_losses)
+    return Aggregator(aggregator.init, aggregate, None, False,
+                      ClientDP(clip, noise_multiplier, _is_unweighted_mean(aggregator)))

@@ -26,7 +26,7 @@ from ._clip import FAIR_CLIP_MODES, METHODS
 from ._noise import private_grad
 from ._sampling import default_max_batch_size, poisson_batch_indices
 
-NORMALIZERS = ("realized", "expected")
+NORMALIZERS = ("expected", "realized")
 DP_SAMPLING = ("poisson", *SAMPLING_MODES)
 
 
@@ -39,9 +39,12 @@ class DPConfig(NamedTuple):
       sampling_rate: q of Poisson sampling (``sampling='poisson'``), else None.
       max_batch_size: static cap of a Poisson batch (``None``: from the largest
         client, :func:`default_max_batch_size`).
-      normalize: ``"realized"`` (divide by |B_i|, the paper's eq. 12; an empty
-        batch divides by 1), ``"expected"`` (q n_i, Opacus-style; the batch size
-        for non-Poisson sampling) or a positive number (the authors' code: 64).
+      normalize: ``"expected"`` (default: q n_i, as Opacus and jax_privacy do;
+        the batch size for non-Poisson sampling), a positive number (the FedFDP
+        authors' code: 64), or ``"realized"`` (divide by |B_i|, FedFDP's eq. 12;
+        an empty batch divides by 1). The realised size depends on the private
+        data: with it, no epsilon is a proven bound, and the algorithms'
+        declared mechanism says so (``Mechanism.reason``).
       clip_method, chunk_size: see :func:`fedjax_pfl.privacy.clipped_grad`.
       fair_clip: the weighted clip rule (FedFDP only).
     """
@@ -50,14 +53,14 @@ class DPConfig(NamedTuple):
     noise_multiplier: float | jax.Array
     sampling_rate: float | jax.Array | None = None
     max_batch_size: int | None = None
-    normalize: str | float = "realized"
+    normalize: str | float = "expected"
     clip_method: str = "auto"
     chunk_size: int | None = None
     fair_clip: str = "sign_preserving"
 
 
 def make_dp_config(clip, noise_multiplier, sampling, sampling_rate=None,
-                   max_batch_size=None, normalize="realized", clip_method="auto",
+                   max_batch_size=None, normalize="expected", clip_method="auto",
                    chunk_size=None, fair_clip="sign_preserving") -> DPConfig:
     """Validates the DP arguments (``ValueError`` naming the argument)."""
     check_clip("clip", clip)

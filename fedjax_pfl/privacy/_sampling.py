@@ -2,21 +2,30 @@
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 
 from fedjax_pfl.validation import check_count, check_probability
 
+TRUNCATION_TARGET = 1e-12
+
 
 def default_max_batch_size(q: float, n: int) -> int:
-    """``min(n, ceil(q n + 6 sqrt(q n) + 1))``: the static cap of a Poisson(q)
-    batch from ``n`` examples; see :func:`truncation_probability`."""
+    """The static cap of a Poisson(q) batch from a client of at most ``n``
+    examples: the smallest ``c`` with ``P(Binomial(n + 1, q) > c) <= 1e-12``,
+    at most ``n + 1`` (the ``+ 1`` covers the neighbouring dataset with one more
+    record, which then is never truncated when ``c = n + 1``). Computed on the
+    host with scipy; see :func:`truncation_probability`."""
     check_probability("q", q)
     n = check_count("n", n)
-    mu = q * n
-    return int(min(n, math.ceil(mu + 6.0 * math.sqrt(mu) + 1.0)))
+    from scipy.stats import binom
+
+    c = int(binom.isf(TRUNCATION_TARGET, n + 1, q))
+    while c > 0 and binom.sf(c - 1, n + 1, q) <= TRUNCATION_TARGET:
+        c -= 1
+    while binom.sf(c, n + 1, q) > TRUNCATION_TARGET and c <= n:
+        c += 1
+    return max(1, min(n + 1, c))
 
 
 def truncation_probability(q: float, n: int, max_batch_size: int) -> float:

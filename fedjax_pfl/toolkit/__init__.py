@@ -63,6 +63,7 @@ from ._round import resolve_cohort_size as resolve_cohort_size
 from ._round import round_step as round_step
 from ._solver import GlobalSolver as GlobalSolver
 from ._solver import ServerState as ServerState
+from ._solver import client_dp_mechanism as client_dp_mechanism
 from ._solver import client_upload as client_upload
 from ._solver import global_solver as global_solver
 from ._solver import stateless_algorithm as stateless_algorithm

@@ -19,6 +19,7 @@ from fedjax_pfl.core import (
     run_local,
 )
 from fedjax_pfl.models import Model
+from fedjax_pfl.privacy import client_level_mechanism
 
 from ._round import attack_delta, check_malicious, malicious_mask, round_step
 
@@ -111,11 +112,39 @@ def global_solver(model: Model, cfg: LocalConfig, *,
     return GlobalSolver(init, client_update, server_fn, aggregator, upload)
 
 
+def client_dp_mechanism(aggregator: Aggregator, cohort_size, cohort):
+    """``data -> privacy.Mechanism`` of a method whose server sees only
+    ``aggregator``'s result, when ``aggregator`` is a
+    :func:`fedjax_pfl.privacy.client_level_dp` wrapper (else ``None``).
+
+    Raises:
+      ValueError: naming ``cohort`` when it is not ``'uniform'`` or ``'full'``:
+        client-level accounting needs every client to be equally likely to be
+        picked (size-weighted cohorts pick large clients more often)."""
+    cdp = aggregator.client_dp
+    if cdp is None:
+        return None
+    if cohort not in ("uniform", "full"):
+        raise ValueError(f"cohort: client-level DP (a client_level_dp aggregator) "
+                         f"is accounted only for cohort='uniform' or 'full', got "
+                         f"{cohort!r}")
+
+    def mechanism(data):
+        return client_level_mechanism(cdp, cohort=cohort, cohort_size=cohort_size,
+                                      num_clients=data.num_clients)
+
+    return mechanism
+
+
 def stateless_algorithm(solver: GlobalSolver, client_update, eval_models, *,
                         cohort_size, cohort, malicious):
     """An :class:`fedjax_pfl.core.Algorithm` whose clients keep no state:
     ``client_update`` (``GlobalSolver.client_update``'s signature) lifted over
-    the cohort, then ``solver.server_fn`` (FedAvg, DP-FedAvg, ...)."""
+    the cohort, then ``solver.server_fn`` (FedAvg, DP-FedAvg, ...). With a
+    ``client_level_dp`` aggregator it declares the client-level mechanism
+    (:func:`client_dp_mechanism`)."""
+    mechanism = client_dp_mechanism(solver.aggregator, cohort_size, cohort)
+
     def init(key, data):
         check_malicious(malicious, data.num_clients)
         return AlgorithmState(solver.init(key), (), jnp.zeros((), jnp.int32))
@@ -127,4 +156,4 @@ def stateless_algorithm(solver: GlobalSolver, client_update, eval_models, *,
                       cohort=cohort, malicious=malicious,
                       linear_weights=solver.aggregator.linear_weights,
                       pass_cohort_size=True)
-    return Algorithm(init, step, eval_models)
+    return Algorithm(init, step, eval_models, mechanism)

@@ -1,4 +1,8 @@
-"""Tiny runs of every benchmark script so none can rot."""
+"""Tiny runs of every benchmark script so none can rot.
+
+Marked ``slow``: the default test command skips them (the suite stays under ten
+minutes on two cores); run them with ``python -m pytest -n 2 -m slow``.
+"""
 
 import importlib.util
 import json
@@ -7,6 +11,8 @@ import sys
 
 import numpy as np
 import pytest
+
+pytestmark = pytest.mark.slow
 
 ROOT = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
 
@@ -332,3 +338,17 @@ def test_cnn_step_smoke(tmp_path):
     assert recs[0]["ms_per_step"] > 0
     assert recs[0]["models_in_parallel"] == recs[0]["cores"]
     assert "per_core" in _load("cnn_step").report(str(out))
+
+
+def test_privacy_audit_smoke(tmp_path):
+    """Every audit and mechanism of the audit benchmark at 200 runs per world
+    (too few to catch a broken mechanism: the benchmark's own size does)."""
+    out = tmp_path / "a.jsonl"
+    mod = _load("privacy_audit")
+    recs = mod.main(["--smoke", "--out", str(out)])
+    assert len(recs) == 6 and len(out.read_text().splitlines()) == 6
+    assert {r["mechanism"] for r in recs} == {"honest", "noise_off", "clip_off"}
+    for r in recs:
+        assert 0.0 <= r["audit_result"]["epsilon"] <= r["max_epsilon"] + 1e-9
+        assert r["accountant_epsilon"] > 0
+    assert "honest" in mod.report(str(out))

@@ -274,3 +274,48 @@ def test_every_fedplus_method_runs_its_checks():
                                   {"dataset": "synthetic", "method": method})
         exp = _presets._fedplus(cfg)
         _run._check_experiment(exp, cfg, jax.random.key(0))
+
+
+def _dp_preset(normalize):
+    """A tiny DP-FedAvg preset on synthetic data (registered by the test)."""
+    from fedjax_pfl import algorithms, models
+    from fedjax_pfl import data as fdata
+    from fedjax_pfl.experiments._config import Experiment, Key, Preset, run_keys
+
+    def build(cfg):
+        fed = fdata.fedprox_synthetic(1.0, 1.0, num_clients=6, dim=6,
+                                      num_classes=3, min_size=8, max_size=30, seed=0)
+        alg = algorithms.dp_fedavg(models.logistic_regression((6,), 3), clip=1.0,
+                                   noise_multiplier=1.0, sampling_rate=0.2,
+                                   num_local_steps=2, cohort_size=3,
+                                   normalize=cfg["normalize"])
+        mech = alg.privacy(fed)
+        mon = privacy.Monitor(mech, 1e-5) if mech.accounted else None
+        return Experiment(alg, fed, None, mon, ("global",))
+
+    keys = {**run_keys(4, 2), "normalize": Key(normalize, "normaliser",
+                                               choices=("expected", "realized"))}
+    return Preset("dp-tiny", "test", "tiny DP-FedAvg", "", keys, build)
+
+
+@pytest.mark.parametrize("normalize", ["expected", "realized"])
+def test_dp_preset_writes_the_privacy_ledger(tmp_path, monkeypatch, normalize):
+    monkeypatch.setitem(experiments.PRESETS, "dp-tiny", _dp_preset(normalize))
+    res = experiments.run_preset("dp-tiny", {}, out=tmp_path, progress=False)
+    ledger = json.loads((tmp_path / "privacy.json").read_text())
+    assert "privacy.json" in res["files"]
+    assert ledger["mechanism"]["level"] == "sample"
+    rows = _rows(tmp_path / "history.jsonl")
+    if normalize == "expected":
+        assert ledger["mechanism"]["accounted"]
+        assert [e["round"] for e in ledger["evaluations"]] == [0, 2, 4]
+        assert [e["epsilon"] for e in ledger["evaluations"]] == [
+            r["privacy/epsilon"] for r in rows]
+        assert [e["delta"] for e in ledger["evaluations"]] == [
+            r["privacy/delta"] for r in rows]
+        want = privacy.epsilon(privacy.dp_sgd_event(0.2, 1.0, 4, 2), 1e-5)
+        assert ledger["evaluations"][-1]["epsilon"] == want
+    else:  # the paper's normaliser: a ledger that says why, and no epsilon
+        assert not ledger["mechanism"]["accounted"]
+        assert "normalize='realized'" in ledger["mechanism"]["reason"]
+        assert ledger["evaluations"] == [] and "privacy/epsilon" not in rows[-1]

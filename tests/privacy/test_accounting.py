@@ -11,12 +11,26 @@ Q, DELTA = 0.05, 1e-5
 ORD = privacy.INTEGER_ORDERS  # the FedFDP authors' code's orders
 
 
+def _event(sigma, sigma_loss, rounds):
+    """FedFDP's event; without a loss release (``None``), DP-SGD's."""
+    if sigma_loss is None:
+        return privacy.dp_sgd_event(Q, sigma, rounds)
+    return privacy.fedfdp_event(Q, sigma, rounds, sigma_loss)
+
+
+def test_fedfdp_event_counts_the_loss_release():
+    with pytest.raises(ValueError, match="loss_noise_multiplier"):
+        privacy.fedfdp_event(Q, 2.0, 10, None)
+    with_loss = privacy.epsilon(privacy.fedfdp_event(Q, 2.0, 10, 5.0), DELTA)
+    assert with_loss > privacy.epsilon(privacy.dp_sgd_event(Q, 2.0, 10), DELTA)
+
+
 @pytest.mark.parametrize("sigma,sigma_loss,rounds,eps", [
     (2, None, 100, 1.2222), (2, None, 1000, 4.0260), (1, None, 100, 4.1117),
     (1, None, 1000, 12.0629), (2, 1, 100, 4.2973), (2, 2, 100, 1.7229),
     (1, 1, 100, 5.3711)])
 def test_epsilon_table(sigma, sigma_loss, rounds, eps):
-    ev = privacy.fedfdp_event(Q, sigma, rounds, sigma_loss)
+    ev = _event(sigma, sigma_loss, rounds)
     assert privacy.epsilon(ev, DELTA, orders=ORD) == pytest.approx(eps, rel=0.01)
     # the richer default orders can only lower epsilon
     assert privacy.epsilon(ev, DELTA) <= privacy.epsilon(ev, DELTA, orders=ORD) + 1e-9
@@ -33,7 +47,7 @@ def test_local_steps_compose_like_rounds():
     (3.52, 2, 5, 683), (3.52, 2, 2.5, 486), (1.0, 2, 1, 0)])
 def test_max_rounds(target, sigma, sigma_loss, expected):
     def event(t):
-        return privacy.fedfdp_event(Q, sigma, t, sigma_loss)
+        return _event(sigma, sigma_loss, t)
 
     t = privacy.max_rounds(target, DELTA, event, orders=ORD)
     assert t == pytest.approx(expected, rel=0.01)

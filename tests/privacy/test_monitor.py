@@ -24,8 +24,10 @@ def data():
 
 @pytest.fixture(scope="module")
 def alg():
-    return algorithms.fedavg(models.logistic_regression((60,), 10), client_lr=0.1,
-                             num_local_steps=2, batch_size=4, cohort_size=3)
+    """DP-FedAvg whose declared mechanism is ``event_fn``'s."""
+    return algorithms.dp_fedavg(models.logistic_regression((60,), 10), clip=1.0,
+                                noise_multiplier=1.0, sampling_rate=0.1,
+                                client_lr=0.1, num_local_steps=2, cohort_size=3)
 
 
 def run(alg, data, **kw):
@@ -49,7 +51,11 @@ def test_target_stops_at_the_last_evaluation_within_budget(alg, data):
     assert eps[0] == 0.0
     assert eps[1:] == [privacy.epsilon(event_fn(t), DELTA) for t in rounds[1:]]
     assert np.all(np.diff(eps) > 0)
-    assert all(r["privacy/delta"] == DELTA for r in res.history)
+    # delta plus the Poisson cap's truncation term (<= 1e-12 per draw)
+    assert all(r["privacy/delta"] == mon.total_delta(r["round"]) for r in res.history)
+    assert res.history[0]["privacy/delta"] == DELTA
+    assert all(DELTA < r["privacy/delta"] < DELTA * (1 + 1e-3)
+               for r in res.history[1:])
     assert eps[-1] <= target < privacy.epsilon(event_fn(stop + every), DELTA)
 
 
@@ -90,6 +96,9 @@ def test_resumed_stopped_run_matches(tmp_path, alg, data):
     assert strip[0] == strip[1] and res.privacy_stopped and res.rounds_run == 12
     again = run(alg, data, resume=True, callback=crash, **kw)  # nothing left to run
     assert again.rounds_run == 12 and len(again.history) == len(full.history)
+    other = privacy.Monitor(event_fn, DELTA, target_epsilon=5.0)
+    with pytest.raises(ValueError, match="different run.*privacy"):
+        run(alg, data, resume=True, **dict(kw, privacy=other))
 
 
 @pytest.mark.parametrize("kwargs, match", [
