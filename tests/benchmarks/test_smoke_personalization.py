@@ -5,6 +5,8 @@ import json
 import pathlib
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
 
 
@@ -16,6 +18,7 @@ def _load(name):
     return mod
 
 
+@pytest.mark.slow  # a benchmark smoke, as in test_smoke.py
 def test_personalization_baselines_smoke(tmp_path):
     mod = _load("personalization_baselines")
     out = tmp_path / "p.jsonl"

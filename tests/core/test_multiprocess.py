@@ -33,6 +33,7 @@ def _launch(nproc, tmp_path, tag):
     return [np.load(tmp_path / f"{tag}{i}.npz") for i in range(nproc)]
 
 
+@pytest.mark.slow  # two JAX processes, ~35 s; run with -m slow
 def test_two_processes_equal_one(tmp_path):
     (ref,) = _launch(1, tmp_path, "single")
     runs = _launch(2, tmp_path, "multi")

@@ -36,6 +36,7 @@ def compile_cache(tmp_path_factory):
     return str(tmp_path_factory.mktemp("jax_cache"))
 
 
+@pytest.mark.slow  # ~75 s of CPU for the five; run with -m slow
 @pytest.mark.parametrize("name", sorted(FIGURES))
 def test_notebook_runs_headless_and_draws_its_figures(name, tmp_path, compile_cache):
     src = NOTEBOOKS / f"{name}.py"

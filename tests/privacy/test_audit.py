@@ -4,18 +4,17 @@ DP-FedAvg (``privacy.client_level_dp`` under ``algorithms.fedavg``), each
 compared with the accountant: the honest mechanism stays below its epsilon,
 the same mechanism with the noise or the clipping switched off goes above."""
 
-import dataclasses
+import importlib.util
+import pathlib
+import sys
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from scipy import stats
 
-from fedjax_pfl import aggregators, algorithms, models, privacy
-from fedjax_pfl import data as fdata
-from fedjax_pfl.core import EngineConfig, execution
+from fedjax_pfl import privacy
 
 DELTA = 1e-5
 RUNS = 4000  # per world: 2000 choose the threshold, 2000 give the bound
@@ -127,39 +126,37 @@ def test_epsilon_lower_bound_refuses_bad_arguments(args, kwargs, name):
 
 
 # ------------------------------------------------- audits of the real mechanisms
-# A white-box canary: a linear model w -> <w, x> with the linear loss
-# -y <w, x>, so every example's gradient -y x does not depend on w. The other
-# records have x = 0 (zero gradient); the canary's x is CANARY e_0, far above
-# the clip, so after clipping it moves w_0 by exactly the clip per use. The
-# score of a run is the final w_0 (w starts at 0).
+# The canaries and runs are the audit benchmark's (benchmarks/privacy_audit.py):
+# a linear model w -> <w, x> with the linear loss -y <w, x>, so every example's
+# gradient -y x does not depend on w; the other records have x = 0 (zero
+# gradient) and the canary's x is 100 e_0, far above the clip, so after
+# clipping it moves w_0 by exactly the clip per use. A run's score is its final
+# w_0 (w starts at 0).
 
-D, CANARY = 2, 100.0
-MODEL = models.from_flax(
-    nn.Dense(1, use_bias=False, kernel_init=nn.initializers.zeros), (D,),
-    loss="squared_error")._replace(loss=lambda out, y: -out[:, 0] * y)
+BENCH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
 
 
-def _records(n, canary):
-    x = np.zeros((n, D), np.float32)
-    if canary:
-        x[0, 0] = CANARY
-    return x, np.ones((n,), np.float32)
+def _bench():
+    spec = importlib.util.spec_from_file_location("privacy_audit",
+                                                  BENCH / "privacy_audit.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["privacy_audit"] = mod
+    spec.loader.exec_module(mod)
+    return mod
 
 
-def _mechanisms(clip, noise):
-    """(clip, noise multiplier) of the honest mechanism and of two broken ones:
-    no noise, and no clipping (a clip the canary never reaches, with the noise
-    still sigma * clip: ``clip = inf`` would make the noise std infinite)."""
-    loose = 2.0 * CANARY
-    return {"honest": (clip, noise), "noise_off": (clip, 0.0),
-            "clip_off": (loose, noise * clip / loose)}
-
-
-def _audit(scores_fn, mechanisms, accountant_eps, seed):
-    """Each mechanism's lower bound; asserts honest < accountant < broken."""
+def _audit(audit, noise, seed):
+    """Each mechanism's lower bound from ``RUNS`` runs per world; asserts
+    honest < accountant < broken (noise off; clipping off: a clip the canary
+    never reaches, with the noise still sigma * clip)."""
+    bench = _bench()
+    cfg = bench.CONFIGS[audit]
+    scores_fn = bench.SCORES[audit](cfg, RUNS)
+    accountant_eps = bench.accountant_epsilon(audit, cfg, noise, DELTA)
     results = {}
-    for i, (name, (clip, noise)) in enumerate(mechanisms.items()):
-        out, in_ = scores_fn(jnp.float32(clip), jnp.float32(noise),
+    for i, name in enumerate(bench.MECHANISMS):
+        clip, z = bench.mechanism(name, cfg["clip"], noise, cfg["canary_norm"])
+        out, in_ = scores_fn(jnp.float32(clip), jnp.float32(z),
                              jax.random.key(seed + i))
         results[name] = privacy.epsilon_lower_bound(np.asarray(out),
                                                     np.asarray(in_), DELTA)
@@ -173,71 +170,14 @@ def _audit(scores_fn, mechanisms, accountant_eps, seed):
     return results
 
 
-# (a) sample-level DP-SGD of one client: Poisson rate Q, K local steps.
-Q, K, SIGMA, CLIP, N_ZERO = 0.25, 10, 2.0, 1.0, 199
-
-
-@jax.jit
-def _local_scores(clip, noise, key):
-    """``RUNS`` runs of ``dp_local_train`` per world, one program: client 0
-    holds the world without the canary (N_ZERO zero records), client 1 the
-    world with it (the canary + the same records: add/remove adjacency)."""
-    data = fdata.from_client_arrays([_records(N_ZERO, False),
-                                     _records(N_ZERO + 1, True)])
-    dp = privacy.make_dp_config(clip, noise, "poisson", sampling_rate=Q,
-                                max_batch_size=N_ZERO + 1, normalize="expected")
-    params = MODEL.init(jax.random.key(0))
-
-    def run(client, k):
-        p, _, _ = privacy.dp_local_train(MODEL, params, data.train, client, k,
-                                         lr=1.0, num_steps=K, batch_size=1,
-                                         sampling="poisson", dp=dp)
-        return p["kernel"][0, 0]
-
-    clients = jnp.repeat(jnp.arange(2), RUNS)
-    scores = jax.vmap(run)(clients, jax.random.split(key, 2 * RUNS))
-    return scores[:RUNS], scores[RUNS:]
-
-
 def test_audit_local_dp_sgd():
-    eps = privacy.epsilon(privacy.dp_sgd_event(Q, SIGMA, 1, K), DELTA)
-    _audit(_local_scores, _mechanisms(CLIP, SIGMA), eps, seed=10)
-
-
-# (b) client-level DP-FedAvg: N clients, a uniform cohort of M, T rounds.
-N, M, T, S, Z = 10, 5, 4, 1.0, 5.0
-
-
-@jax.jit
-def _client_scores(clip, noise, key):
-    """``RUNS`` runs of ``T`` rounds of DP-FedAvg per world, one program. Every
-    client holds one record: zeros, except client 0 in the world with the
-    canary (replace-one adjacency: in the other world it holds zeros). Local
-    training is one full-batch step with rate 1, so client 0's update is
-    ``CANARY e_0`` there, clipped to ``S e_0``; every other update is 0."""
-    base = fdata.from_client_arrays([_records(1, False) for _ in range(N)])
-    x_in = base.train.x.at[0, 0].set(CANARY)
-    alg = algorithms.fedavg(
-        MODEL, client_lr=1.0, num_local_steps=1, batch_size=1,
-        sampling="full_batch", cohort_size=M, cohort="uniform",
-        aggregator=privacy.client_level_dp(aggregators.mean(weighted=False),
-                                           clip, noise))
-
-    def run(world, k):
-        x = jnp.where(world, x_in, base.train.x)
-        data = dataclasses.replace(base, train=dataclasses.replace(base.train, x=x))
-        state = alg.init(jax.random.key(0), data)
-        with execution(EngineConfig("vmap")):
-            state, _ = jax.lax.scan(lambda s, _: alg.round_step(s, data, k), state,
-                                    None, length=T)
-        return state.server.params["kernel"][0, 0]
-
-    worlds = jnp.repeat(jnp.arange(2) > 0, RUNS)
-    scores = jax.vmap(run)(worlds, jax.random.split(key, 2 * RUNS))
-    return scores[:RUNS], scores[RUNS:]
+    """Sample-level DP-SGD of one client (Poisson q 0.25, 10 steps, sigma 2):
+    ``privacy.dp_local_train`` on 199 zero records with and without the canary
+    (add/remove)."""
+    _audit("local_dp_sgd", 2.0, seed=10)
 
 
 def test_audit_client_level_dp_fedavg():
-    eps = privacy.epsilon(
-        privacy.client_level_event(M, N, Z, T, sampling="fixed_size"), DELTA)
-    _audit(_client_scores, _mechanisms(S, Z), eps, seed=20)
+    """Client-level DP-FedAvg (10 clients, a uniform cohort of 5, 4 rounds,
+    z 5): the canary client holds the canary or a zero record (replace-one)."""
+    _audit("client_dp_fedavg", 5.0, seed=20)
