@@ -18,6 +18,24 @@ from ._registry import register as _register
 # ------------------------------------------------------------------------ Ditto
 
 DITTO_METHODS = ("ditto", "global", "local", "term", "finetune")
+# The global model's rules of the Ditto paper's robust baselines (Tables 3, 6).
+DITTO_AGGREGATORS = ("mean", "clipping", "median", "krum", "multi_krum", "k_norm",
+                     "k_loss", "fedmgda")
+
+
+def ditto_aggregator(name: str, f: int, fedmgda_eps: float):
+    """The Ditto code's rule ``name`` for a cohort with ``f`` expected attackers
+    (``None`` for the mean): clipping at the round's median norm then the mean,
+    coordinate median, Krum, multi-Krum, k-norm and k-loss with ``f``,
+    FedMGDA+ with ``fedmgda_eps``."""
+    return {"mean": lambda: None,
+            "clipping": aggregators.norm_clipping,
+            "median": aggregators.coordinate_median,
+            "krum": lambda: aggregators.krum(f),
+            "multi_krum": lambda: aggregators.multi_krum(f),
+            "k_norm": lambda: aggregators.k_norm(f),
+            "k_loss": lambda: aggregators.k_loss(f),
+            "fedmgda": lambda: aggregators.fedmgda_plus(fedmgda_eps)}[name]()
 
 
 def _ditto_keys(*, lr, batch, steps, lam, selection=("fixed", "paper", "greedy_step"),
@@ -41,6 +59,13 @@ def _ditto_keys(*, lr, batch, steps, lam, selection=("fixed", "paper", "greedy_s
         "term_t": Key(1.0, "TERM's tilt t (method=term)", low=0.0),
         "finetune_steps": Key(40, "finetuning steps (method=finetune; the code's "
                               "finetune_iters)", low=1),
+        "aggregator": Key("mean", "the global model's rule (Ditto + robust "
+                          "aggregation, the paper's Tables 3 and 6; Krum, "
+                          "multi-Krum, k-norm and k-loss assume the cohort's "
+                          "expected attackers, floor(cohort_size * malicious / "
+                          "clients), as the authors' code)",
+                          choices=DITTO_AGGREGATORS),
+        "fedmgda_eps": Key(0.1, "FedMGDA+'s epsilon (aggregator=fedmgda)", low=0.0),
     }
 
 
@@ -49,11 +74,17 @@ def ditto_experiment(cfg, fed, model, num_classes) -> Experiment:
     check_attack(cfg["attack"], cfg["ratio"], fed.num_clients)
     fed, threat = attacks.setup_attack(fed, cfg["attack"], cfg["ratio"],
                                        seed=cfg["seed"], num_classes=num_classes)
+    m = cfg["method"]
+    if m == "term" and cfg["aggregator"] != "mean":
+        raise ValueError(f"aggregator: method=term aggregates with TERM's tilted "
+                         f"mean; {cfg['aggregator']!r} needs another method")
+    f = int(cfg["cohort_size"] * int(threat.malicious.sum()) / fed.num_clients)
     common = dict(client_lr=cfg["lr"], num_local_steps=cfg["local_steps"],
                   batch_size=cfg["batch_size"], cohort_size=cfg["cohort_size"],
                   cohort="size_weighted", weighted=False,
-                  attack=threat.update_attack, malicious=threat.malicious)
-    m = cfg["method"]
+                  attack=threat.update_attack, malicious=threat.malicious,
+                  aggregator=ditto_aggregator(cfg["aggregator"], f,
+                                              cfg["fedmgda_eps"]))
     if m in ("ditto", "local"):  # local == Ditto with lambda 0 (same schedule)
         strong = cfg["attack"] == "A3" or cfg["ratio"] > 0.5
         alg = algorithms.ditto(
@@ -62,13 +93,15 @@ def ditto_experiment(cfg, fed, model, num_classes) -> Experiment:
             strong_attack=strong, **common)
         views = ("global", "personal") if m == "ditto" else ("personal",)
     else:
-        agg = aggregators.tilted_mean(cfg["term_t"]) if m == "term" else None
-        alg = algorithms.fedavg(model, aggregator=agg,
+        if m == "term":
+            common["aggregator"] = aggregators.tilted_mean(cfg["term_t"])
+        alg = algorithms.fedavg(model,
                                 finetune_steps=cfg["finetune_steps"] if m == "finetune"
                                 else 0, **common)
         views = ("global", "finetuned") if m == "finetune" else ("global",)
     return Experiment(alg, fed, threat.benign, None, views,
-                      {"malicious": int(threat.malicious.sum())})
+                      {"malicious": int(threat.malicious.sum()),
+                       "expected_attackers_per_cohort": f})
 
 
 def _ditto_synthetic(cfg):

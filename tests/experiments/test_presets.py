@@ -319,3 +319,26 @@ def test_dp_preset_writes_the_privacy_ledger(tmp_path, monkeypatch, normalize):
         assert not ledger["mechanism"]["accounted"]
         assert "normalize='realized'" in ledger["mechanism"]["reason"]
         assert ledger["evaluations"] == [] and "privacy/epsilon" not in rows[-1]
+
+
+def test_ditto_presets_choose_the_global_models_aggregator(tmp_path):
+    """Ditto + robust aggregation (the paper's Tables 3 and 6): the preset's
+    aggregator drives the global model, so Ditto's global model is the robust
+    FedAvg's, and Krum-style rules get the cohort's expected attackers."""
+    sets = {**TINY, "attack": "A2", "ratio": "0.5", "aggregator": "multi_krum",
+            "cohort_size": "6"}
+    ditto = experiments.run_preset("ditto-synthetic", sets, out=tmp_path / "d",
+                                   progress=False)
+    fedavg = experiments.run_preset("ditto-synthetic", {**sets, "method": "global"},
+                                    out=tmp_path / "g", progress=False)
+    cfg = json.loads((tmp_path / "d" / "config.json").read_text())
+    assert cfg["info"]["expected_attackers_per_cohort"] == 6 * 6 // 12
+    key = "global/test/accuracy/mean"
+    assert ditto["final"][key] == fedavg["final"][key]
+    plain = experiments.run_preset("ditto-synthetic", {**sets, "method": "global",
+                                                       "aggregator": "mean"},
+                                   out=tmp_path / "m", progress=False)
+    assert plain["final"][key] != fedavg["final"][key]
+    with pytest.raises(ValueError, match="aggregator: method=term"):
+        experiments.run_preset("ditto-synthetic", {**sets, "method": "term"},
+                               out=tmp_path / "t")
