@@ -6,6 +6,7 @@ minutes on two cores); run them with ``python -m pytest -n 2 -m slow``.
 
 import importlib.util
 import json
+import os
 import pathlib
 import sys
 
@@ -352,3 +353,17 @@ def test_privacy_audit_smoke(tmp_path):
         assert 0.0 <= r["audit_result"]["epsilon"] <= r["max_epsilon"] + 1e-9
         assert r["accountant_epsilon"] > 0
     assert "honest" in mod.report(str(out))
+
+
+def test_ditto_vehicle_smoke(tmp_path):
+    if not os.environ.get("FEDJAX_PFL_DATA_DIR"):
+        pytest.skip("FEDJAX_PFL_DATA_DIR is not set")
+    out = tmp_path / "v.jsonl"
+    mod = _load("ditto_vehicle")
+    recs = mod.main(["--rows", "global", "Ditto, lam=1", "k-loss", "--columns",
+                     "clean", "A3 50%", "--rounds", "2", "--out", str(out)])
+    assert len(recs) == 6 and len(out.read_text().splitlines()) == 6
+    for r in recs:
+        assert r["round"] == 2 and 0.0 <= r["accuracy_mean"] <= 1.0
+        assert r["config"]["seed"] == 0 and r["git_sha"]
+    assert "| Ditto, lam=1 |" in mod.report(str(out))
