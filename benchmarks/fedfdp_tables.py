@@ -37,7 +37,7 @@ from fedjax_pfl.core import EngineConfig, simulate
 from fedjax_pfl.experiments import _presets
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from throughput import parse_or_report, write_jsonl  # noqa: E402
+from throughput import _meta, parse_or_report, write_jsonl  # noqa: E402
 
 METHODS = ("fedavg", "fedfair", "dp_fedavg", "fedfdp")
 PRIVATE = ("dp_fedavg", "fedfdp")
@@ -63,12 +63,13 @@ def report(path: str) -> str:
     last = {}
     with open(path) as fh:
         for r in map(json.loads, fh):
-            last[(r["dataset"], r["method"], r["seed"], r["round"])] = r
+            last[(r["dataset"], r["method"], r["seed"], r["round"],
+                  r.get("normalize", "realized"))] = r
     lines = ["| dataset | method | rounds | normaliser | epsilon (delta 1e-5) | "
              "test acc % | Psi (test loss) | paper acc % | paper Psi | wall s |",
              "|---|---|---|---|---|---|---|---|---|---|"]
-    for (ds, m, _, _), r in sorted(last.items(), key=lambda kv: (
-            kv[0][0], METHODS.index(kv[0][1]), kv[0][2], kv[0][3])):
+    for (ds, m, _, _, _), r in sorted(last.items(), key=lambda kv: (
+            kv[0][0], METHODS.index(kv[0][1]), kv[0][2], kv[0][3], kv[0][4])):
         private = m in PRIVATE
         # records made before 2026-11-24 carry no normaliser: the paper's |B|
         norm = r.get("normalize", "realized") if private else "-"
@@ -139,7 +140,7 @@ def main(argv=None):
                            progress=True, privacy=mon, engine=EngineConfig(
                                None if args.strategy == "auto" else args.strategy))
             last = res.history[-1]
-            rec = {"dataset": ds, "method": m, "seed": args.seed,
+            rec = {**_meta(), "dataset": ds, "method": m, "seed": args.seed,
                    "wall_s": time.perf_counter() - t0, "target_epsilon": eps,
                    "epsilon": last.get("privacy/epsilon"), "q": args.q,
                    "clip": args.clip, "sigma": args.sigma, "lam": args.lam,
