@@ -17,7 +17,7 @@ from ._registry import register as _register
 
 # ------------------------------------------------------------------------ Ditto
 
-DITTO_METHODS = ("ditto", "global", "local", "term", "finetune")
+DITTO_METHODS = ("ditto", "global", "local", "term", "finetune", "mocha")
 # The global model's rules of the Ditto paper's robust baselines (Tables 3, 6).
 DITTO_AGGREGATORS = ("mean", "clipping", "median", "krum", "multi_krum", "k_norm",
                      "k_loss", "fedmgda")
@@ -44,7 +44,8 @@ def _ditto_keys(*, lr, batch, steps, lam, selection=("fixed", "paper", "greedy_s
         **run_keys(rounds, eval_every),
         "method": Key("ditto", "ditto (personal + its global model), global "
                       "(FedAvg), local, term (TERM t), finetune (FedAvg + "
-                      "finetuning)", choices=DITTO_METHODS),
+                      "finetuning), mocha (MOCHA-style multi-task learning, "
+                      "the paper's Vehicle baseline)", choices=DITTO_METHODS),
         "attack": Key("none", "the Ditto threat model", choices=attacks.ATTACKS),
         "ratio": Key(0.0, "fraction of malicious clients", low=0.0, high=1.0,
                      high_open=True),
@@ -75,9 +76,9 @@ def ditto_experiment(cfg, fed, model, num_classes) -> Experiment:
     fed, threat = attacks.setup_attack(fed, cfg["attack"], cfg["ratio"],
                                        seed=cfg["seed"], num_classes=num_classes)
     m = cfg["method"]
-    if m == "term" and cfg["aggregator"] != "mean":
-        raise ValueError(f"aggregator: method=term aggregates with TERM's tilted "
-                         f"mean; {cfg['aggregator']!r} needs another method")
+    if m in ("term", "mocha") and cfg["aggregator"] != "mean":
+        raise ValueError(f"aggregator: method={m} has its own server step; "
+                         f"{cfg['aggregator']!r} needs another method")
     f = int(cfg["cohort_size"] * int(threat.malicious.sum()) / fed.num_clients)
     common = dict(client_lr=cfg["lr"], num_local_steps=cfg["local_steps"],
                   batch_size=cfg["batch_size"], cohort_size=cfg["cohort_size"],
@@ -85,7 +86,11 @@ def ditto_experiment(cfg, fed, model, num_classes) -> Experiment:
                   attack=threat.update_attack, malicious=threat.malicious,
                   aggregator=ditto_aggregator(cfg["aggregator"], f,
                                               cfg["fedmgda_eps"]))
-    if m in ("ditto", "local"):  # local == Ditto with lambda 0 (same schedule)
+    if m == "mocha":  # per-client models and a task relationship, no aggregator
+        kw = {k: common[k] for k in ("client_lr", "num_local_steps", "batch_size",
+                                     "cohort_size", "cohort", "attack", "malicious")}
+        alg, views = algorithms.mocha(model, **kw), ("personal",)
+    elif m in ("ditto", "local"):  # local == Ditto with lambda 0 (same schedule)
         strong = cfg["attack"] == "A3" or cfg["ratio"] > 0.5
         alg = algorithms.ditto(
             model, lam=cfg["lam"] if m == "ditto" else 0.0,

@@ -339,6 +339,10 @@ def test_ditto_presets_choose_the_global_models_aggregator(tmp_path):
                                                        "aggregator": "mean"},
                                    out=tmp_path / "m", progress=False)
     assert plain["final"][key] != fedavg["final"][key]
-    with pytest.raises(ValueError, match="aggregator: method=term"):
-        experiments.run_preset("ditto-synthetic", {**sets, "method": "term"},
-                               out=tmp_path / "t")
+    for m in ("term", "mocha"):
+        with pytest.raises(ValueError, match=f"aggregator: method={m}"):
+            experiments.run_preset("ditto-synthetic", {**sets, "method": m},
+                                   out=tmp_path / m)
+    mocha = experiments.run_preset("ditto-synthetic", {**TINY, "method": "mocha"},
+                                   out=tmp_path / "mocha", progress=False)
+    assert mocha["views"] == ("personal",) and mocha["final"]["round"] == 4
