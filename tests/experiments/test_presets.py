@@ -27,7 +27,7 @@ def test_every_preset_resolves_with_its_defaults():
 
 
 @pytest.mark.parametrize("sets, match", [
-    ({"bogus": "1"}, "bogus: not a key.*valid keys: alpha, attack"),
+    ({"bogus": "1"}, "bogus: not a key.*valid keys: aggregator, alpha, attack"),
     ({"ratio": "1.0"}, "ratio: must be < 1.0"),
     ({"lam": "-1"}, "lam: must be >= 0.0"),
     ({"method": "fedsgd"}, r"method: must be one of \['ditto', 'global'"),
