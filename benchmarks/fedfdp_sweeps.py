@@ -46,8 +46,8 @@ def report(paths) -> str:
         with open(path) as fh:
             for r in map(json.loads, fh):
                 norm = r.get("normalize", "realized")  # older records: the paper's
-                eps = ("-" if r["epsilon"] is None else f"{r['epsilon']:.3f}"
-                       + (", not a bound" if norm == "realized" else ""))
+                eps = f"{r['epsilon']:.3f}" + (", not a bound" if norm == "realized"
+                                               else "")
                 rows.append(
                     f"| {r['model']} | {r['rounds']} | {norm} | {eps} | "
                     f"{r['sweep']} | {r['value']:g} | {r['lam']:g} | {r['clip']:g} | "

@@ -37,6 +37,7 @@ from fedjax_pfl.data import gather_batch
 from fedjax_pfl.models import Model
 from fedjax_pfl.privacy import (
     dp_batches,
+    dp_denominator,
     dp_local_train,
     dp_sgd_mechanism,
     make_dp_config,
@@ -80,7 +81,6 @@ class FedFDPConfig(NamedTuple):
     loss_noise_multiplier: float | jax.Array
     loss_clip_floor: float | jax.Array
     adaptive_loss_clip: bool
-    sampling_rate: float | jax.Array
 
 
 def fairness_weights(weighting: str, lam, fhat) -> Callable:
@@ -115,14 +115,10 @@ def fedfdp_client(fc: FedFDPConfig, server: FedFDPServerState,
                                sampling="poisson", dp=dp)
     b = gather_batch(data.train, rows[0], mask[0])
     per = model.loss(model.apply(w_k, b.x), b.y)
-    den = None
-    if dp.normalize == "expected":
-        den = fc.sampling_rate * data.train.counts[cid].astype(jnp.float32)
-    elif not isinstance(dp.normalize, str):
-        den = jnp.float32(dp.normalize)
     released = release_loss(
         per, b.mask, client_state.loss_clip, fc.loss_noise_multiplier,
-        jax.random.fold_in(lkey, KeyTag.FEDFDP_LOSS_NOISE), den)
+        jax.random.fold_in(lkey, KeyTag.FEDFDP_LOSS_NOISE),
+        dp_denominator(dp, b.mask, data.train.counts[cid], 1))
     new_clip = (jnp.maximum(released, fc.loss_clip_floor) if fc.adaptive_loss_clip
                 else client_state.loss_clip)
     n = data.train.counts[cid].astype(jnp.float32)
@@ -227,8 +223,7 @@ def fedfdp(
                               FedFDPClientState(c0), jnp.zeros((), jnp.int32))
 
     fc = FedFDPConfig(model, client_lr, num_local_steps, dp, lam, weighting,
-                      loss_noise_multiplier, loss_clip_floor, adaptive_loss_clip,
-                      sampling_rate)
+                      loss_noise_multiplier, loss_clip_floor, adaptive_loss_clip)
 
     def server_fn(server, updates, weights, mask, metrics, key):
         del key

@@ -79,7 +79,8 @@ def ditto_experiment(cfg, fed, model, num_classes) -> Experiment:
     if m in ("term", "mocha") and cfg["aggregator"] != "mean":
         raise ValueError(f"aggregator: method={m} has its own server step; "
                          f"{cfg['aggregator']!r} needs another method")
-    f = int(cfg["cohort_size"] * int(threat.malicious.sum()) / fed.num_clients)
+    num_malicious = int(threat.malicious.sum())
+    f = int(cfg["cohort_size"] * num_malicious / fed.num_clients)
     common = dict(client_lr=cfg["lr"], num_local_steps=cfg["local_steps"],
                   batch_size=cfg["batch_size"], cohort_size=cfg["cohort_size"],
                   cohort="size_weighted", weighted=False,
@@ -105,7 +106,7 @@ def ditto_experiment(cfg, fed, model, num_classes) -> Experiment:
                                 else 0, **common)
         views = ("global", "finetuned") if m == "finetune" else ("global",)
     return Experiment(alg, fed, threat.benign, None, views,
-                      {"malicious": int(threat.malicious.sum()),
+                      {"malicious": num_malicious,
                        "expected_attackers_per_cohort": f})
 
 

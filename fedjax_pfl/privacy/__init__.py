@@ -30,6 +30,7 @@ from ._ghost import ghost_plan as ghost_plan
 from ._local import NORMALIZERS as NORMALIZERS
 from ._local import DPConfig as DPConfig
 from ._local import dp_batches as dp_batches
+from ._local import dp_denominator as dp_denominator
 from ._local import dp_local_train as dp_local_train
 from ._local import make_dp_config as make_dp_config
 from ._mechanism import LEVELS as LEVELS

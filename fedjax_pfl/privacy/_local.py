@@ -105,7 +105,11 @@ def dp_batches(split, client, key, *, num_steps, batch_size, sampling, dp: DPCon
     return rows, mask, jnp.zeros((num_steps,), jnp.int32)
 
 
-def denominator(dp: DPConfig, mask, count, batch_size) -> jax.Array:
+def dp_denominator(dp: DPConfig, mask, count, batch_size) -> jax.Array:
+    """The normaliser of a DP sum over a batch with ``mask`` from a client of
+    ``count`` examples: ``|B|`` (at least 1) for ``'realized'``, ``q count``
+    (``batch_size`` without Poisson sampling) for ``'expected'``, else the
+    number ``dp.normalize``."""
     if dp.normalize == "realized":
         return jnp.maximum(jnp.sum(mask), 1.0)
     if dp.normalize == "expected":
@@ -163,7 +167,7 @@ def dp_local_train(
         p, opt_state = carry
         i, r, m, trunc = inputs
         b = gather_batch(split, r, m)
-        den = denominator(dp, b.mask, count, batch_size)
+        den = dp_denominator(dp, b.mask, count, batch_size)
         g, info = private_grad(
             model, p, b.x, b.y, b.mask, jax.random.fold_in(nkey, i), clip=dp.clip,
             noise_multiplier=dp.noise_multiplier, denominator=den,

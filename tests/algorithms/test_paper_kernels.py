@@ -220,7 +220,6 @@ def test_fedfdp_round_is_its_kernel_over_single_clients(data):
     states = _lifted_rounds(alg, data, key, 2)
     dp = fp_privacy.make_dp_config(1.0, 0.5, "poisson", 0.5, None, "expected",
                                    "auto", None, "sign_preserving")
-    fc = _fedfdp.FedFDPConfig(MODEL, 0.3, 2, dp, 0.2, "per_sample", 5.0, 0.0, True,
-                              0.5)
+    fc = _fedfdp.FedFDPConfig(MODEL, 0.3, 2, dp, 0.2, "per_sample", 5.0, 0.0, True)
     one = jax.jit(functools.partial(_fedfdp.fedfdp_client, fc))
     _check_rounds(states, one, data, key, weighted=True)

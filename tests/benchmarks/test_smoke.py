@@ -63,10 +63,6 @@ def test_ditto_cost_smoke(tmp_path):
 
 
 def test_ditto_fmnist_smoke():
-    import os
-
-    import pytest
-
     if not os.environ.get("FEDJAX_PFL_DATA_DIR"):
         pytest.skip("FEDJAX_PFL_DATA_DIR is not set")
     mod = _load("ditto_fmnist")
@@ -178,10 +174,6 @@ def test_baselines_synthetic_smoke(tmp_path):
 
 
 def test_ditto_table2_smoke(tmp_path):
-    import os
-
-    import pytest
-
     if not os.environ.get("FEDJAX_PFL_DATA_DIR"):
         pytest.skip("FEDJAX_PFL_DATA_DIR is not set")
     out = tmp_path / "t2.jsonl"
@@ -200,10 +192,6 @@ def test_ditto_table2_smoke(tmp_path):
 
 
 def test_fedfdp_tables_smoke(tmp_path):
-    import os
-
-    import pytest
-
     if not os.environ.get("FEDJAX_PFL_DATA_DIR"):
         pytest.skip("FEDJAX_PFL_DATA_DIR is not set")
     out = tmp_path / "f.jsonl"
@@ -229,10 +217,6 @@ def test_conv_loop_smoke(tmp_path):
 
 
 def test_fedfdp_sweeps_smoke(tmp_path):
-    import os
-
-    import pytest
-
     if not os.environ.get("FEDJAX_PFL_DATA_DIR"):
         pytest.skip("FEDJAX_PFL_DATA_DIR is not set")
     out = tmp_path / "s.jsonl"
@@ -248,11 +232,6 @@ def test_fedfdp_sweeps_smoke(tmp_path):
 
 
 def test_w1_pytorch_smoke(tmp_path):
-    import importlib.util
-    import os
-
-    import pytest
-
     if not os.environ.get("FEDJAX_PFL_DATA_DIR"):
         pytest.skip("FEDJAX_PFL_DATA_DIR is not set")
     impls = ["fedjax"] + (["torch"] if importlib.util.find_spec("torch") else [])
@@ -277,7 +256,6 @@ def test_w1_pytorch_same_numbers():
     import argparse
 
     import jax
-    import pytest
 
     pytest.importorskip("torch")
     mod = _load("w1_pytorch")
