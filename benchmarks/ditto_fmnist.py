@@ -24,10 +24,16 @@ import jax
 import numpy as np
 
 from fedjax_pfl import algorithms, attacks, data, metrics, models
-from fedjax_pfl.core import EngineConfig, execution, participation_counts, simulate
+from fedjax_pfl.core import (
+    EngineConfig,
+    Plateau,
+    execution,
+    participation_counts,
+    simulate,
+)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from throughput import parse_or_report, write_jsonl  # noqa: E402
+from throughput import _meta, parse_or_report, write_jsonl  # noqa: E402
 
 BINS = ((0, 0), (1, 2), (3, 5), (6, 10), (11, 10**9))  # rounds a client took part in
 
@@ -124,9 +130,26 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num-clients", type=int, default=500,
                    help="the paper's 500 (fewer only for smoke runs)")
+    p.add_argument("--splits", nargs="+", default=["test"],
+                   choices=["train", "val", "test"],
+                   help="splits evaluated every --eval-every rounds (the plateau "
+                        "rule needs val)")
+    p.add_argument("--plateau-patience", type=int, default=0,
+                   help="stop once the benign clients' mean validation accuracy of "
+                        "every view has not risen by more than --plateau-delta for "
+                        "this many rounds (0: run all --rounds)")
+    p.add_argument("--plateau-delta", type=float, default=0.002)
+    p.add_argument("--checkpoint-dir", default=None,
+                   help="checkpoint each run into DIR/<run> (the history as it "
+                        "grows in DIR/<run>/history.jsonl)")
+    p.add_argument("--checkpoint-every", type=int, default=None)
+    p.add_argument("--resume", action="store_true",
+                   help="continue each run from its newest checkpoint")
     args = parse_or_report(p, argv, report)
     if args is None:
         return []
+    if args.plateau_patience and "val" not in args.splits:
+        p.error("--plateau-patience needs --splits to include val")
 
     fed = load(args.seed, args.num_clients)
     fed, threat = attacks.setup_attack(fed, args.attack, args.ratio, seed=args.seed,
@@ -137,7 +160,7 @@ def main(argv=None):
     common = dict(client_lr=0.05, num_local_steps=2, batch_size=16, cohort_size=10,
                   cohort="size_weighted", weighted=False, attack=threat.update_attack,
                   malicious=threat.malicious)
-    records = []
+    meta, records = _meta(), []
     algs = {
         "ditto": algorithms.ditto(model, lam=args.lam, lam_selection=args.lam_selection,
                                   strong_attack=strong, **common),
@@ -147,40 +170,49 @@ def main(argv=None):
           f"{fed.val.num_examples} val / {fed.test.num_examples} test rows; attack "
           f"{args.attack} {args.ratio:.0%} ({int(threat.malicious.sum())} malicious)")
     for run in args.runs:
-        t0 = time.perf_counter()
+        views = ("global", "personal") if run == "ditto" else ("personal",)
+        stop = None
+        if args.plateau_patience:
+            stop = Plateau(tuple(f"{v}/val/accuracy/mean" for v in views),
+                           patience=args.plateau_patience, min_delta=args.plateau_delta)
+        ckdir = args.checkpoint_dir and os.path.join(args.checkpoint_dir, run)
         tag = {"run": run, "attack": args.attack, "ratio": args.ratio,
                "lam_selection": args.lam_selection if run == "ditto" else "fixed",
-               "lam": args.lam if run == "ditto" else 0.0, "seed": args.seed}
-
-        def log(state, row, tag=tag, t0=t0):
-            # every evaluation is written as it happens: a long run stopped early
-            # keeps its history
-            rec = {**tag, "wall_s": time.perf_counter() - t0, **row}
-            records.append(rec)
-            write_jsonl(args.out, [rec])
-
+               "lam": args.lam if run == "ditto" else 0.0, "seed": args.seed,
+               "config": {**vars(args), "model": "ditto_fmnist_cnn", **{
+                   k: v for k, v in common.items() if k not in ("attack", "malicious")},
+                   "strong_attack": strong, "plateau": stop and stop._asdict()}}
+        t0 = time.perf_counter()
         res = simulate(algs[run], fed, num_rounds=args.rounds,
                        eval_every=args.eval_every, key=jax.random.key(args.seed),
-                       eval_mask=threat.benign, splits=("test",), progress=True,
-                       callback=log, engine=engine)
+                       eval_mask=threat.benign, splits=tuple(args.splits),
+                       progress=True, engine=engine, stop_when=stop,
+                       checkpoint_dir=ckdir, checkpoint_every=args.checkpoint_every,
+                       resume=args.resume,
+                       jsonl_path=ckdir and os.path.join(ckdir, "history.jsonl"))
         wall = time.perf_counter() - t0
+        rounds = res.history[-1]["round"]
         groups = by_participation(algs[run], res.state, fed, jax.random.key(args.seed),
-                                  threat.benign, 10, args.rounds, engine)
+                                  threat.benign, 10, rounds, engine)
         for g in (g for g in groups if g['clients']):
             print(f"  took part in {g['min_rounds']}-{g['max_rounds']} rounds: "
                   f"{g['clients']} benign clients, mean acc " + ", ".join(
                       f"{v} {g[v]:.3f}" for v in ("global", "personal")
                       if g.get(v) is not None))
-        records[-1]["by_participation"] = groups
-        write_jsonl(args.out, [{**tag, "round": res.history[-1]["round"],
-                                "by_participation": groups}])
+        # one record per evaluation (wall_s: this process's seconds, which on a
+        # resumed run cover only the rounds it ran), then the participation table
+        recs = [{**meta, **tag, "wall_s": wall, **row} for row in res.history]
+        recs.append({**meta, **tag, "round": rounds, "wall_s": wall,
+                     "stopped_early": res.stopped_early, "by_participation": groups})
+        write_jsonl(args.out, recs)
+        records += recs
         last = res.history[-1]
-        for view in ("global", "personal"):
+        for view in views:
             k = f"{view}/test/accuracy"
-            if f"{k}/mean" in last:
-                print(f"{run:>6} {view:>9}: mean {last[f'{k}/mean']:.4f} "
-                      f"std {last[f'{k}/std']:.4f} worst10 {last[f'{k}/worst10']:.4f}")
-        print(f"{run}: {args.rounds} rounds in {wall:.0f} s")
+            print(f"{run:>6} {view:>9}: mean {last[f'{k}/mean']:.4f} "
+                  f"std {last[f'{k}/std']:.4f} worst10 {last[f'{k}/worst10']:.4f}")
+        print(f"{run}: {rounds} rounds"
+              f"{' (plateau)' if res.stopped_early else ''} in {wall:.0f} s")
     return records
 
 

@@ -42,7 +42,7 @@ class SimulationResult(NamedTuple):
     @property
     def rounds_run(self) -> int:
         """Rounds from the first history row to the last (fewer than
-        ``num_rounds`` when a privacy target stopped the run)."""
+        ``num_rounds`` when a privacy target or ``stop_when`` stopped the run)."""
         if not self.history:
             return 0
         return self.history[-1]["round"] - self.history[0]["round"]
@@ -51,6 +51,11 @@ class SimulationResult(NamedTuple):
     def privacy_stopped(self) -> bool:
         """Whether the privacy monitor's ``target_epsilon`` stopped the run."""
         return bool(self.history and self.history[-1].get("privacy/stopped", False))
+
+    @property
+    def stopped_early(self) -> bool:
+        """Whether ``simulate``'s ``stop_when`` ended the run."""
+        return bool(self.history and self.history[-1].get("stopped", False))
 
 
 def _validate_run(num_rounds, eval_every, key) -> int:
@@ -241,6 +246,60 @@ def _row(round_, eval_metrics, train_metrics, extra=None) -> dict[str, Any]:
     return row
 
 
+class Plateau(NamedTuple):
+    """An early-stopping rule for :func:`simulate` (``stop_when=``): stop once
+    none of ``metrics`` has improved by more than ``min_delta`` over the last
+    ``patience`` rounds.
+
+    After each evaluation at round ``r``, for each metric, ``best_before`` is the
+    best value at rounds ``<= r - patience`` and ``best_recent`` the best value at
+    later rounds (higher is better, or lower with ``mode="min"``). The rule holds
+    when ``r - patience`` is at least the run's first evaluated round and, for
+    EVERY metric, ``best_recent`` is not better than ``best_before`` by more than
+    ``min_delta``. It reads the history only, so a resumed run stops at the same
+    round as an uninterrupted one. Stop on validation metrics (e.g.
+    ``"personal/val/accuracy/mean"``), never on test metrics.
+
+    Attributes:
+      metrics: history keys to watch (a name or a tuple of names).
+      patience: rounds without improvement before stopping.
+      min_delta: the least change that counts as an improvement.
+      mode: ``"max"`` (accuracy) or ``"min"`` (loss).
+    """
+
+    metrics: str | tuple[str, ...]
+    patience: int
+    min_delta: float = 0.0
+    mode: str = "max"
+
+    def names(self) -> tuple[str, ...]:
+        return (self.metrics,) if isinstance(self.metrics, str) else tuple(self.metrics)
+
+    def check(self) -> None:
+        names = self.names()
+        if not names or not all(isinstance(m, str) and m for m in names):
+            raise ValueError("stop_when: Plateau.metrics must be a history key or a "
+                             f"tuple of them, got {self.metrics!r}")
+        check_int("stop_when: Plateau.patience", self.patience, lo=1)
+        if not (isinstance(self.min_delta, (int, float)) and self.min_delta >= 0
+                and np.isfinite(self.min_delta)):
+            raise ValueError("stop_when: Plateau.min_delta must be a finite number "
+                             f">= 0, got {self.min_delta!r}")
+        check_choice("stop_when: Plateau.mode", self.mode, ("max", "min"))
+
+    def __call__(self, history: Sequence[Mapping[str, Any]]) -> bool:
+        last = history[-1]["round"] - self.patience
+        if last < history[0]["round"]:
+            return False
+        sign = 1.0 if self.mode == "max" else -1.0
+        for m in self.names():
+            before = [sign * r[m] for r in history if r["round"] <= last and m in r]
+            recent = [sign * r[m] for r in history if r["round"] > last and m in r]
+            if not before or not recent or max(recent) > max(before) + self.min_delta:
+                return False
+        return True
+
+
 def simulate(
     algorithm: Algorithm,
     data,
@@ -260,6 +319,7 @@ def simulate(
     resume: bool = False,
     privacy: Any = None,
     engine: EngineConfig | None = None,
+    stop_when: Callable[[Sequence[Mapping[str, Any]]], bool] | None = None,
 ) -> SimulationResult:
     """Runs ``num_rounds`` rounds, evaluating every ``eval_every`` rounds.
 
@@ -306,6 +366,13 @@ def simulate(
         of the run executes under (strategy, mesh, buckets, determinism,
         local-loop unroll; default ``EngineConfig()``, or the one of an
         enclosing :func:`execution` block). Algorithms never take it.
+      stop_when: early stopping: called with the history (the rows so far) after
+        every evaluation but the last; when it returns true, the row gets
+        ``"stopped": True``, is checkpointed, and the run ends there (a resumed
+        run that reaches a stopped checkpoint ends too). A :class:`Plateau`
+        (e.g. ``Plateau("personal/val/accuracy/mean", patience=1000,
+        min_delta=0.002)``) has its metric names checked against the
+        evaluation's before any work.
 
     Returns:
       :class:`SimulationResult` with the final state and one history row per
@@ -322,7 +389,9 @@ def simulate(
         traced for ``data`` (e.g. a cohort larger than the number of clients);
         ``resume`` with a checkpoint of another run (different key, schedule,
         starting state or privacy monitor); a ``checkpoint_dir`` that holds
-        checkpoints without ``resume``.
+        checkpoints without ``resume``; a ``stop_when`` that is not callable, or
+        a :class:`Plateau` whose settings are invalid or whose metrics the run
+        does not record.
     """
     with execution(engine):  # checks engine first
         return _simulate(
@@ -330,12 +399,13 @@ def simulate(
             eval_mask=eval_mask, splits=splits, progress=progress,
             jsonl_path=jsonl_path, state=state, callback=callback,
             scan_rounds=scan_rounds, checkpoint_dir=checkpoint_dir,
-            checkpoint_every=checkpoint_every, resume=resume, privacy=privacy)
+            checkpoint_every=checkpoint_every, resume=resume, privacy=privacy,
+            stop_when=stop_when)
 
 
 def _simulate(algorithm, data, *, num_rounds, eval_every, key, eval_mask, splits,
               progress, jsonl_path, state, callback, scan_rounds, checkpoint_dir,
-              checkpoint_every, resume, privacy) -> SimulationResult:
+              checkpoint_every, resume, privacy, stop_when) -> SimulationResult:
     """:func:`simulate` under the engine in force."""
     eval_every = _validate_run(num_rounds, eval_every, key)
     checkpoint_every = _checkpoint.validate(checkpoint_dir, checkpoint_every, resume,
@@ -350,6 +420,10 @@ def _simulate(algorithm, data, *, num_rounds, eval_every, key, eval_mask, splits
     check_file("jsonl_path", jsonl_path)
     if callback is not None and not callable(callback):
         raise ValueError(f"callback: must be callable or None, got {callback!r}")
+    if stop_when is not None and not callable(stop_when):
+        raise ValueError(f"stop_when: must be callable or None, got {stop_when!r}")
+    if isinstance(stop_when, Plateau):
+        stop_when.check()
     check_choice("scan_rounds", scan_rounds, (True, False, None))
     if state is not None and not isinstance(state, AlgorithmState):
         raise ValueError("state: must be an AlgorithmState (e.g. a previous run's "
@@ -362,7 +436,13 @@ def _simulate(algorithm, data, *, num_rounds, eval_every, key, eval_mask, splits
     # that cannot run on this data fail before any file is written. jit reuses
     # these traces for the real calls.
     chunk, evaluate, preflight = _compile(algorithm, eval_mask, splits, scan_rounds)
-    preflight(template, data, run_key, _chunk_lengths(num_rounds, eval_every)[0])
+    recorded = preflight(template, data, run_key,
+                         _chunk_lengths(num_rounds, eval_every)[0])
+    if isinstance(stop_when, Plateau):
+        missing = [m for m in stop_when.names() if m not in recorded]
+        if missing:
+            raise ValueError(f"stop_when: the history has no {missing}; its metrics "
+                             f"are {sorted(recorded)}")
     ckpt = restored = fingerprint = fh = bar = None
     try:
         if checkpoint_dir is not None:
@@ -402,10 +482,13 @@ def _simulate(algorithm, data, *, num_rounds, eval_every, key, eval_mask, splits
                     row["privacy/stopped"] = bool(next_chunk) and not privacy.allows(
                         row["round"] + next_chunk)
             history.append(row)
+            if (stop_when is not None and next_chunk and not row.get("privacy/stopped")
+                    and stop_when(history)):
+                row["stopped"] = True
             if fh is not None:
                 fh.write(json.dumps(row) + "\n")
                 fh.flush()
-            if ckpt is not None and (done == num_rounds or row.get("privacy/stopped")
+            if ckpt is not None and (done == num_rounds or _stopped(row)
                                      or (done and done % checkpoint_every == 0)):
                 saved = fh and {"path": os.path.abspath(jsonl_path), "bytes": fh.tell()}
                 ckpt.save(done, state, history, fingerprint, saved)
@@ -420,7 +503,7 @@ def _simulate(algorithm, data, *, num_rounds, eval_every, key, eval_mask, splits
             record(_row(state.round, evaluate(state, data, run_key), None), 0,
                    todo[0] if todo else 0)
         for i, n in enumerate(todo):
-            if history[-1].get("privacy/stopped"):
+            if _stopped(history[-1]):
                 break
             t0 = time.perf_counter()
             state, train_metrics = chunk(state, data, run_key, n)
@@ -456,7 +539,7 @@ def _compile(algorithm, eval_mask, splits, scan_rounds):
         chunk = scan
 
         def trace_round(s, d, k, n):
-            scan.trace(s, d, k, n)
+            return scan.trace(s, d, k, n).out_info[1]
     else:
         # a new closure: jit must not reuse a trace made under another engine
         one = jax.jit(lambda s, d, k: algorithm.round_step(s, d, k),
@@ -470,17 +553,24 @@ def _compile(algorithm, eval_mask, splits, scan_rounds):
             return s, jax.tree.map(lambda *a: jnp.mean(jnp.stack(a), axis=0), *rows)
 
         def trace_round(s, d, k, n):
-            one.trace(s, d, k)
+            return one.trace(s, d, k).out_info[1]
 
     evaluate = jax.jit(lambda s, d, k: _evaluate(algorithm, s, d, k, eval_kwargs,
                                                  classes=classes))
 
     def preflight(state, data, key, n):
-        evaluate.trace(state, data, key)
+        """Traces; returns the names of the metrics a history row holds."""
+        ev = evaluate.trace(state, data, key).out_info
         check_labels(data, classes)
-        trace_round(state, data, key, n)
+        train = trace_round(state, data, key, n)
+        return {"round", "seconds", *ev, *(train or {})}
 
     return chunk, evaluate, preflight
+
+
+def _stopped(row: Mapping[str, Any]) -> bool:
+    """Whether the run ended at ``row`` (early stop or privacy budget)."""
+    return bool(row.get("stopped") or row.get("privacy/stopped"))
 
 
 def _postfix(row: Mapping[str, Any]) -> dict[str, str]:
