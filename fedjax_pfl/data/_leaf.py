@@ -18,7 +18,10 @@ from typing import Any
 
 import numpy as np
 
+from fedjax_pfl.validation import check_number
+
 from ._federated import FederatedData, from_client_arrays, split_clients
+from ._partition_papers import _carve_val
 from ._registry import (
     DATA_DIR_ENV,
     REGISTRY,
@@ -100,6 +103,7 @@ def load_femnist(
     *,
     max_writers: int | None = None,
     flatten: bool = False,
+    val_fraction: float = 0.0,
     subdir: str = "femnist_leaf",
     verify: bool = True,
     registry: Mapping[str, FileSpec] | None = None,
@@ -115,11 +119,16 @@ def load_femnist(
     Args:
       max_writers: keep the first ``max_writers`` writers (in manifest order).
       flatten: ``x`` as ``[n, 784]`` instead of ``[n, 28, 28, 1]``.
+      val_fraction: moves the last ``floor(val_fraction * n)`` rows of each
+        writer's LEAF train list (at least one row stays) to a ``val`` split, the
+        hold-out the Ditto code tunes on; ``0`` (default): no ``val`` split.
 
     Returns:
-      train and test splits; ``x`` float32 in [0, 1] as LEAF stores it (1 is
+      train, (val) and test splits; ``x`` float32 in [0, 1] as LEAF stores it (1 is
       background), ``y`` int32 in 0..61 (digits, upper case, lower case).
     """
+    check_number("val_fraction", val_fraction, lo=0.0, hi=1.0, hi_open=True,
+                 scalar=True)
     root = resolve_data_dir(data_dir)
     pairs = _femnist_pairs(root, subdir, verify, registry)
     if max_writers is not None:
@@ -145,12 +154,10 @@ def load_femnist(
                 )
             del obj
     ids = [w for w, _, _ in pairs]
-    return from_client_arrays(
-        [arrays[(w, "train")] for w in ids],
-        None,
-        [arrays[(w, "test")] for w in ids],
-        ids,
-    )
+    train, val = [arrays[(w, "train")] for w in ids], None
+    if val_fraction > 0:
+        train, val = _carve_val(train, val_fraction)
+    return from_client_arrays(train, val, [arrays[(w, "test")] for w in ids], ids)
 
 
 # ----------------------------------------------------------------------------- Vehicle

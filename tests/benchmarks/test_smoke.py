@@ -62,7 +62,7 @@ def test_ditto_cost_smoke(tmp_path):
     assert "| logreg | 6 | 2 | 1 |" in table and "Ditto / FedAvg" in table
 
 
-def test_ditto_fmnist_smoke():
+def test_ditto_fmnist_smoke(tmp_path):
     if not os.environ.get("FEDJAX_PFL_DATA_DIR"):
         pytest.skip("FEDJAX_PFL_DATA_DIR is not set")
     mod = _load("ditto_fmnist")
@@ -81,11 +81,21 @@ def test_ditto_fmnist_smoke():
                                   head(fed.test, 20))
 
     mod.load = small_load
-    recs = mod.main([
-        "--num-clients", "20", "--rounds", "1", "--eval-every", "1",
-        "--attack", "A1", "--ratio", "0.5", "--lam-selection", "fixed"])
-    last = recs[-1]
-    assert last["round"] == 1 and 0 <= last["personal/test/accuracy/mean"] <= 1
+    args = ["--num-clients", "20", "--rounds", "2", "--eval-every", "1",
+            "--attack", "A1", "--ratio", "0.5", "--lam-selection", "fixed",
+            "--splits", "val", "test", "--checkpoint-dir", str(tmp_path / "ck"),
+            "--resume", "--out", str(tmp_path / "f.jsonl")]
+    recs = mod.main(args)
+    *rows, groups = recs
+    assert [r["round"] for r in rows] == [0, 1, 2] and groups["round"] == 2
+    assert 0 <= rows[-1]["personal/val/accuracy/mean"] <= 1
+    assert rows[-1]["config"]["client_lr"] == 0.05
+    assert rows[-1]["git_sha"] and not groups["stopped_early"]
+    # resuming the finished run runs nothing and records the same evaluations
+    again = mod.main(args)
+    assert [r["round"] for r in again[:-1]] == [0, 1, 2]
+    assert again[-2]["personal/test/accuracy/mean"] == rows[-1][
+        "personal/test/accuracy/mean"]
 
 
 def test_privacy_smoke(tmp_path):
@@ -186,9 +196,11 @@ def test_ditto_table2_smoke(tmp_path):
     assert rows == ["global", "Ditto", "plain finetuning", "EWC", "SKL"]
     for r in recs:
         assert 0 <= r["mean"] <= 1 and r["std"] >= 0 and r["attack"] == "A1"
+        assert 0 <= r["val_mean"] <= 1  # hyperparameters are chosen on val
     assert len(out.read_text().splitlines()) == 5
     table = mod.report(str(out))
     assert "| EWC |" in table and "0.810 (.11)" in table
+    assert "(on test)" not in table
 
 
 def test_fedfdp_tables_smoke(tmp_path):

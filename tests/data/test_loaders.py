@@ -302,6 +302,25 @@ def test_femnist_tiny_manifest(tmp_path):
     assert flat.num_clients == 1 and flat.train.x.shape == (5, 784)
 
 
+def test_femnist_validation_is_the_tail_of_each_train_list(tmp_path):
+    _femnist_tiny(tmp_path)
+    full = D.load_femnist(tmp_path, registry=_registry_of(tmp_path), flatten=True)
+    fd = D.load_femnist(tmp_path, registry=_registry_of(tmp_path), flatten=True,
+                        val_fraction=0.4)
+    # floor(0.4 n) rows of each writer, from the end of its train list
+    assert [int(c) for c in fd.train.counts] == [3, 2]
+    assert [int(c) for c in fd.val.counts] == [2, 1]
+    np.testing.assert_array_equal(fd.test.x, full.test.x)
+    for c, (n_tr, n_val) in enumerate(((3, 2), (2, 1))):
+        rows = np.asarray(full.train.x[full.train.offsets[c]:][:n_tr + n_val])
+        np.testing.assert_array_equal(
+            fd.train.x[fd.train.offsets[c]:][:n_tr], rows[:n_tr])
+        np.testing.assert_array_equal(
+            fd.val.x[fd.val.offsets[c]:][:n_val], rows[n_tr:])
+    with pytest.raises(ValueError, match="val_fraction"):
+        D.load_femnist(tmp_path, registry=_registry_of(tmp_path), val_fraction=1.0)
+
+
 def test_femnist_without_manifest(tmp_path):
     _femnist_tiny(tmp_path)
     (tmp_path / "femnist_leaf" / "writers.tsv").unlink()
