@@ -49,6 +49,8 @@ def _ditto_keys(*, lr, batch, steps, lam, selection=("fixed", "paper", "greedy_s
         "attack": Key("none", "the Ditto threat model", choices=attacks.ATTACKS),
         "ratio": Key(0.0, "fraction of malicious clients", low=0.0, high=1.0,
                      high_open=True),
+        "a3_scale": Key(0.0, "A3's factor on a malicious update; 0: the cohort size "
+                        "(the authors' code)", low=0.0),
         "lam": Key(lam, "Ditto's lambda (fixed, or for clients with too little "
                    "validation data)", low=0.0),
         "lam_selection": Key(default_selection, "per-device lambda selection",
@@ -73,8 +75,12 @@ def _ditto_keys(*, lr, batch, steps, lam, selection=("fixed", "paper", "greedy_s
 def ditto_experiment(cfg, fed, model, num_classes) -> Experiment:
     """Ditto Table 1 style run: one method under one attack."""
     check_attack(cfg["attack"], cfg["ratio"], fed.num_clients)
+    if cfg["a3_scale"] and cfg["attack"] != "A3":
+        raise ValueError(f"a3_scale: only attack=A3 scales updates, got "
+                         f"attack={cfg['attack']!r}")
     fed, threat = attacks.setup_attack(fed, cfg["attack"], cfg["ratio"],
-                                       seed=cfg["seed"], num_classes=num_classes)
+                                       seed=cfg["seed"], num_classes=num_classes,
+                                       scale=cfg["a3_scale"] or None)
     m = cfg["method"]
     if m in ("term", "mocha") and cfg["aggregator"] != "mean":
         raise ValueError(f"aggregator: method={m} has its own server step; "

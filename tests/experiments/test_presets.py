@@ -27,7 +27,7 @@ def test_every_preset_resolves_with_its_defaults():
 
 
 @pytest.mark.parametrize("sets, match", [
-    ({"bogus": "1"}, "bogus: not a key.*valid keys: aggregator, alpha, attack"),
+    ({"bogus": "1"}, "bogus: not a key.*valid keys: a3_scale, aggregator, alpha"),
     ({"ratio": "1.0"}, "ratio: must be < 1.0"),
     ({"lam": "-1"}, "lam: must be >= 0.0"),
     ({"method": "fedsgd"}, r"method: must be one of \['ditto', 'global'"),
@@ -319,6 +319,22 @@ def test_dp_preset_writes_the_privacy_ledger(tmp_path, monkeypatch, normalize):
         assert not ledger["mechanism"]["accounted"]
         assert "normalize='realized'" in ledger["mechanism"]["reason"]
         assert ledger["evaluations"] == [] and "privacy/epsilon" not in rows[-1]
+
+
+def test_ditto_presets_a3_scale(tmp_path):
+    """A3's factor defaults to the cohort size (the authors' code); another
+    factor changes the run; without A3 the key is refused as inert."""
+    sets = {**TINY, "attack": "A3", "ratio": "0.5", "method": "global",
+            "cohort_size": "6"}
+    key = "global/test/accuracy/mean"
+    runs = {s: experiments.run_preset("ditto-synthetic", {**sets, "a3_scale": s},
+                                      out=tmp_path / s, progress=False)["final"][key]
+            for s in ("0", "6", "1")}
+    assert runs["0"] == runs["6"] and runs["1"] != runs["6"]
+    with pytest.raises(ValueError, match="a3_scale: only attack=A3"):
+        experiments.run_preset("ditto-synthetic", {**TINY, "attack": "A1",
+                                                   "ratio": "0.5", "a3_scale": "2"},
+                               out=tmp_path / "a1")
 
 
 def test_ditto_presets_choose_the_global_models_aggregator(tmp_path):
