@@ -34,7 +34,12 @@ from fedjax_pfl.core import (
 )
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from throughput import _meta, parse_or_report, write_jsonl  # noqa: E402
+from throughput import (  # noqa: E402
+    _meta,
+    across_seeds,
+    parse_or_report,
+    write_jsonl,
+)
 
 BINS = ((0, 0), (1, 2), (3, 5), (6, 10), (11, 10**9))  # rounds a client took part in
 
@@ -88,12 +93,6 @@ TABLE1_DITTO = {"none": "0.943 (.06)", "A1": "0.937 (.07)", "A2": "0.930 (.08)",
                 "A3": "0.873 (.11)"}
 
 
-def _cell(values):
-    """``mean +- std across seeds`` (just the value for one seed)."""
-    v = np.asarray(values, float)
-    return f"{v[0]:.3f}" if len(v) == 1 else f"{v.mean():.3f} +- {v.std(ddof=1):.3f}"
-
-
 def report(path: str) -> str:
     """Markdown tables of a ``--out`` file: the last evaluation of each run,
     averaged over seeds (mean +- std across seeds; the std across benign
@@ -132,9 +131,9 @@ def report(path: str) -> str:
                 TABLE9[row].get(attack, "")
             lines.append(
                 f"| {setting} | {name} | {len(rs)} | {rounds} | "
-                f"{_cell([r[k + '/mean'] for r in rs])} | "
+                f"{across_seeds([r[k + '/mean'] for r in rs])} | "
                 f"{np.mean([r[k + '/std'] for r in rs]):.3f} | "
-                f"{_cell([r[k + '/worst10'] for r in rs])} | "
+                f"{across_seeds([r[k + '/worst10'] for r in rs])} | "
                 f"{TABLE9[row].get(attack, '') if ratio in (0, 0.5) else ''} | "
                 f"{paper1 if ratio in (0, 0.5) else ''} |")
     if groups:

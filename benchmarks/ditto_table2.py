@@ -34,7 +34,7 @@ from fedjax_pfl import algorithms, attacks, data, metrics, models
 from fedjax_pfl.core import AlgorithmState, EngineConfig, execution
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from throughput import _meta, parse_or_report, write_jsonl
+from throughput import _meta, across_seeds, parse_or_report, write_jsonl
 
 METHODS = ("ditto", "local", "l2sgd", "per_fedavg", "mapper", "apfl")
 ROWS = ("global", "local", "plain finetuning", "L2SGD", "EWC", "SKL",
@@ -106,14 +106,11 @@ def _config(r) -> str:
     return f"{name}={lam:g}" + (" fixed" if r["row"] == "APFL" else "")
 
 
-def _fmt(runs, key="mean"):
-    """``mean (std across devices)`` of one run, or ``mean +- std across seeds
-    (mean std across devices)`` of several."""
-    vals = np.array([r[key] for r in runs])
+def _fmt(runs):
+    """Test accuracy across seeds, then the std across devices averaged over
+    seeds: ``mean (.dd)`` or ``mean +- std (.dd)``."""
     dev = np.mean([r["std"] for r in runs])
-    if len(runs) == 1:
-        return f"{vals[0]:.3f} ({dev:.2f})"
-    return f"{vals.mean():.3f} +- {vals.std(ddof=1):.3f} ({dev:.2f})"
+    return f"{across_seeds([r['mean'] for r in runs])} ({dev:.2f})"
 
 
 def report(path: str) -> str:
@@ -160,11 +157,12 @@ def report(path: str) -> str:
                                           kv[0][2])):
         r0 = rs[0]
         setting = "clean" if attack == "none" else f"{attack} {r0['ratio']:.0%}"
-        val = _fmt(rs, "val_mean").split(" (")[0] if "val_mean" in r0 else ""
+        val = across_seeds([r["val_mean"] for r in rs]) if "val_mean" in r0 else ""
         worst = np.mean([r["worst10"] for r in rs])
         dev = np.mean([r["std"] for r in rs])
         lines.append(f"| {setting} | {row} | {cfg} | {len(rs)} | {val} | "
-                     f"{_fmt(rs).split(' (')[0]} | {dev:.3f} | {worst:.3f} |")
+                     f"{across_seeds([r['mean'] for r in rs])} | {dev:.3f} | "
+                     f"{worst:.3f} |")
     return "\n".join(lines)
 
 

@@ -140,6 +140,12 @@ def cpu_model() -> str:
         return platform.processor()
 
 
+def across_seeds(values) -> str:
+    """``mean +- std`` (ddof 1) of one number per seed; just the value for one."""
+    v = np.asarray(values, float)
+    return f"{v[0]:.3f}" if len(v) == 1 else f"{v.mean():.3f} +- {v.std(ddof=1):.3f}"
+
+
 def write_jsonl(path: str | None, records) -> None:
     """Appends one JSON line per record to ``path`` (nothing if ``None``)."""
     if path:
