@@ -61,11 +61,16 @@ WEIGHTINGS = ("per_sample", "batch")
 
 
 class FedFDPServerState(NamedTuple):
+    """FedFDP's server: the global ``params`` and ``fhat``, its estimate of the
+    global loss that the clients' fairness weights compare with."""
+
     params: object
     fhat: jax.Array  # the global-loss estimate F_hat (0 before round 0)
 
 
 class FedFDPClientState(NamedTuple):
+    """One FedFDP client's state: its adaptive loss clipping bound."""
+
     loss_clip: jax.Array  # the client's adaptive loss bound C_loss,t
 
 

@@ -71,6 +71,9 @@ class FedPlusClientState(NamedTuple):
 
 
 class FedPlusServerState(NamedTuple):
+    """Fed+'s server: the global model ``params`` (``w~``) and the aggregator's
+    state."""
+
     params: object  # the global model w~
     agg_state: object
 

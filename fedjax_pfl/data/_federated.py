@@ -18,7 +18,47 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_pfl.validation import is_concrete
+
 SAMPLING_MODES = ("with_replacement", "epoch", "full_batch")
+
+
+def _shape_dtype(a, drop_rows: bool = False) -> str:
+    """``(28, 28, 1) float32`` for an array (shape without its leading axis with
+    ``drop_rows``; the dtype alone for a scalar); the type name for anything else.
+    Reads shapes only: works on tracers and ``jax.ShapeDtypeStruct`` too."""
+    shape, dtype = getattr(a, "shape", None), getattr(a, "dtype", None)
+    if shape is None or dtype is None:
+        return type(a).__name__
+    shape = tuple(shape)[1:] if drop_rows else tuple(shape)
+    return f"{shape} {dtype}" if shape else str(dtype)
+
+
+def _size(a) -> str:
+    """The leading dimension of ``a`` (``?`` when it has no shape)."""
+    shape = getattr(a, "shape", None)
+    return str(shape[0]) if shape else "?"
+
+
+def _num_classes(ys) -> int | None:
+    """``max + 1`` of integer labels that are all concrete, non-empty and
+    non-negative; else None (float targets, traced or abstract arrays)."""
+    for y in ys:
+        if not (isinstance(y, (np.ndarray, jax.Array)) and is_concrete(y)
+                and np.issubdtype(y.dtype, np.integer) and y.size):
+            return None
+    if min(int(jnp.min(y)) for y in ys) < 0:
+        return None
+    return max(int(jnp.max(y)) for y in ys) + 1
+
+
+def brief_repr(obj) -> str:
+    """One line for a NamedTuple of arrays: each field's shape and dtype (a field
+    with its own short repr, such as :class:`FederatedData`, keeps it)."""
+    fields = ", ".join(
+        f"{k}={v!r}" if isinstance(v, (FederatedData, Split)) else
+        f"{k}={_shape_dtype(v)}" for k, v in zip(obj._fields, obj))
+    return f"{type(obj).__name__}({fields})"
 
 
 @functools.partial(
@@ -69,7 +109,15 @@ class Split:
         return np.asarray(self.x[o : o + n]), np.asarray(self.y[o : o + n])
 
     def nbytes(self) -> int:
-        return sum(int(np.prod(a.shape)) * a.dtype.itemsize for a in jax.tree.leaves(self))
+        return sum(int(np.prod(a.shape)) * a.dtype.itemsize
+                   for a in jax.tree.leaves(self))
+
+    def __repr__(self) -> str:
+        """One line: ``Split(clients=500, examples=61251, per_client=31..1378,
+        x=(28, 28, 1) float32, y=int32)``; no array values are printed."""
+        return (f"Split(clients={_size(self.counts)}, examples={_size(self.x)}, "
+                f"per_client={self.min_count}..{self.max_count}, "
+                f"x={_shape_dtype(self.x, True)}, y={_shape_dtype(self.y, True)})")
 
 
 @functools.partial(
@@ -118,6 +166,24 @@ class FederatedData:
             )
             total += s.num_clients * s.max_count * row
         return total
+
+    def __repr__(self) -> str:
+        """One line, e.g. ``FederatedData(clients=500, train=61251 examples
+        (31..1378 per client), val=None, test=11254 examples (6..252 per client),
+        x=(28, 28, 1) float32, y=int32, classes=10)``: sizes, shapes and dtypes,
+        no array values (``classes`` only for concrete integer labels)."""
+        parts = [f"clients={len(self.client_ids)}"]
+        for name in ("train", "val", "test"):
+            s = getattr(self, name)
+            parts.append(f"{name}=None" if s is None else
+                         f"{name}={_size(s.x)} examples "
+                         f"({s.min_count}..{s.max_count} per client)")
+        parts += [f"x={_shape_dtype(self.train.x, True)}",
+                  f"y={_shape_dtype(self.train.y, True)}"]
+        classes = _num_classes([s.y for s in self.splits().values()])
+        if classes is not None:
+            parts.append(f"classes={classes}")
+        return f"FederatedData({', '.join(parts)})"
 
 
 ClientArrays = Sequence[tuple[np.ndarray, np.ndarray]]
@@ -279,6 +345,8 @@ class Batch(NamedTuple):
     y: jax.Array
     mask: jax.Array  # [batch] float32, 1 for real rows, 0 for padding
 
+    __repr__ = brief_repr
+
 
 def client_batch_indices(
     split: Split,
@@ -342,7 +410,8 @@ def client_batch_indices(
         mask = jnp.ones((num_steps, batch_size), jnp.float32)
     elif sampling == "full_batch":
         ar = jnp.arange(split.max_count)
-        local = jnp.broadcast_to(jnp.minimum(ar, count - 1), (num_steps, split.max_count))
+        local = jnp.broadcast_to(jnp.minimum(ar, count - 1),
+                                 (num_steps, split.max_count))
         mask = jnp.broadcast_to((ar < count).astype(jnp.float32), local.shape)
     else:
         raise ValueError(f"sampling: must be one of {SAMPLING_MODES}, got {sampling!r}")

@@ -14,7 +14,7 @@ import numpy as np
 
 from fedjax_pfl.validation import check_choice, check_int, check_number
 
-from ._federated import FederatedData, from_client_arrays, split_clients
+from ._federated import FederatedData, brief_repr, from_client_arrays, split_clients
 from ._partition import (
     Fractions,
     _labels,
@@ -292,6 +292,8 @@ class FedPlusMNIST(NamedTuple):
     negated: np.ndarray  # [N] bool: parties whose images are 1 - x
     noisy_classes: np.ndarray  # [N, k] the classes given Laplacian noise
 
+    __repr__ = brief_repr
+
 
 def fedplus_mnist(
     x,
@@ -305,7 +307,7 @@ def fedplus_mnist(
     fractions: Fractions = (0.5, 0.0, 0.5),
     seed: int = 0,
 ) -> FedPlusMNIST:
-    """Fed+'s MNIST-robust (``personal=False``) / MNIST-personal (fedplus.md §6.1).
+    """Fed+'s MNIST-robust (``personal=False``) / MNIST-personal (Fed+ §5.1, Table 2).
 
     MNIST is shuffled into ``N`` equal parties; a random ``negate_fraction`` of them
     (default 10 % for ``N <= 10``, else 20 %) get negated images ``1 - x`` (pixels
@@ -352,6 +354,8 @@ class FedPlusRegression(NamedTuple):
     data: FederatedData
     w_true: np.ndarray  # [N, d] each party's regression vector
     outlier: np.ndarray  # [N] bool: the last party
+
+    __repr__ = brief_repr
 
 
 def fedplus_synthetic_regression(

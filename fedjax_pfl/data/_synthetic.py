@@ -15,7 +15,7 @@ from fedjax_pfl.validation import (
     check_number,
 )
 
-from ._federated import FederatedData, from_client_arrays, split_clients
+from ._federated import FederatedData, brief_repr, from_client_arrays, split_clients
 
 
 def fedprox_synthetic(
@@ -84,6 +84,8 @@ class PointEstimation(NamedTuple):
     w_hat: np.ndarray  # [K] each device's sample mean (its local optimum)
     malicious: np.ndarray  # [K] bool
 
+    __repr__ = brief_repr
+
 
 def point_estimation_problem(
     *,
@@ -130,6 +132,8 @@ class LinearRegression(NamedTuple):
     w_true: np.ndarray  # [K, d]
     w_ols: np.ndarray  # [K, d] local least-squares solutions
     malicious: np.ndarray  # [K] bool
+
+    __repr__ = brief_repr
 
 
 def linear_regression_problem(

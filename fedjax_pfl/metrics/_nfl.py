@@ -211,6 +211,7 @@ class DetectorState(NamedTuple):
 
 
 def detector_init() -> DetectorState:
+    """The detector before round 1: nothing counted, nothing flagged."""
     return DetectorState(jnp.zeros((), jnp.int32), jnp.zeros((), bool),
                          jnp.full((), -1, jnp.int32), jnp.zeros((), jnp.int32))
 

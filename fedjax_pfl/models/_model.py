@@ -110,5 +110,63 @@ def batch_loss(model: Model, params: Params, x, y, mask) -> jax.Array:
     return out
 
 
-def num_params(params: Params) -> int:
-    return sum(math.prod(a.shape) for a in jax.tree.leaves(params))
+def num_params(params_or_model: Any, example_input: Any = None) -> int:
+    """Number of scalar parameters of a model or of its parameters.
+
+    Nothing is allocated for a model: its ``init`` runs under ``jax.eval_shape``.
+
+    Args:
+      params_or_model: one of
+        * parameters: a pytree of arrays (or ``jax.ShapeDtypeStruct``), e.g.
+          ``model.init(key)``, stacked client states included (every row counts);
+        * a :class:`Model` (``models.mlp(...)``, ``from_flax(...)``, the zoo);
+        * a flax linen module, with ``example_input``.
+      example_input: only with a flax module: a batch of inputs ``[B, ...]``
+        (array or ``jax.ShapeDtypeStruct``) as ``module.init`` takes it, or the
+        shape of ONE example as a tuple of ints (as :func:`from_flax` takes it).
+        Only the module's ``params`` collection is counted.
+
+    Returns:
+      The total number of entries of all parameter leaves.
+
+    Raises:
+      ValueError: naming the argument, for a flax module without
+        ``example_input``, an ``example_input`` with anything but a flax module,
+        or a pytree with a leaf that is not an array or a number (e.g. a
+        function: a model passed as something other than a :class:`Model`).
+    """
+    if isinstance(params_or_model, nn.Module):
+        if example_input is None:
+            raise ValueError(
+                "example_input: a flax module needs an example input to build "
+                "its parameters: num_params(module, x) with a batch x, or "
+                "num_params(module, (28, 28, 1)) with the shape of one example; "
+                "or pass a models.Model or the parameters themselves")
+        x = example_input
+        if isinstance(x, tuple) and all(isinstance(d, int) for d in x):
+            x = jax.ShapeDtypeStruct((1, *x), jnp.float32)
+        variables = jax.eval_shape(params_or_model.init, jax.random.key(0), x)
+        return _count(variables.get("params", {}), "params_or_model")
+    if example_input is not None:
+        raise ValueError(
+            "example_input: only used with a flax module, got "
+            f"params_or_model of type {type(params_or_model).__name__}")
+    if isinstance(params_or_model, Model):
+        shapes = jax.eval_shape(params_or_model.init, jax.random.key(0))
+        return _count(shapes, "params_or_model")
+    return _count(params_or_model, "params_or_model")
+
+
+def _count(params: Params, name: str) -> int:
+    total = 0
+    for leaf in jax.tree.leaves(params):
+        if hasattr(leaf, "shape") and hasattr(leaf, "dtype"):
+            total += math.prod(leaf.shape)
+        elif isinstance(leaf, (int, float, complex)) and not isinstance(leaf, bool):
+            total += 1
+        else:
+            raise ValueError(
+                f"{name}: expected parameters (a pytree of arrays), a models.Model "
+                "or a flax module with example_input; found a leaf of type "
+                f"{type(leaf).__name__}")
+    return total

@@ -21,6 +21,11 @@ from ._round import lift_clients
 
 
 class FinetuneConfig(NamedTuple):
+    """Evaluation-time finetuning (:func:`make_finetune_config`): the local
+    training of each client, the proximal weight ``lam`` towards the global
+    model, and ``counts``, several step counts (one ``finetuned_<count>`` view
+    each) or ``None``."""
+
     local: LocalConfig
     lam: float | jax.Array
     counts: tuple[int, ...] | None  # several step counts: one view each
