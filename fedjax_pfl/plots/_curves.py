@@ -13,11 +13,12 @@ from ._common import (
     _figure,
     _finish,
     _integer_ticks,
-    _legend,
+    _legends,
     _missing,
     _rows,
     _series,
 )
+from ._style import model_color, model_colors, parse_key, summary_style, summary_words
 
 
 def _panels(keys) -> list[list[str]]:
@@ -35,14 +36,58 @@ def _panels(keys) -> list[list[str]]:
                      f"lists of keys, got {keys!r}")
 
 
-def _common_suffix(keys: Sequence[str]) -> str:
-    parts = [k.split("/") for k in keys]
+def _ylabel(group: Sequence[str]) -> str:
+    """The panel's default y label: what its keys have in common."""
+    parsed = [parse_key(k) for k in group]
+    if all(parsed):
+        splits, metrics, sums = ({p[i] for p in parsed} for i in (1, 2, 3))
+        if len(metrics) == 1:
+            what = metrics.pop().replace("_", " ")
+            if len(splits) != 1:
+                return what
+            split = splits.pop()
+            if len(sums) == 1:
+                return f"{split} {what} ({summary_words(sums.pop(), split)})"
+            return f"{split} {what}"
+    parts = [k.split("/") for k in group]
     out = []
     for seg in zip(*(p[::-1] for p in parts)):
         if len(set(seg)) != 1:
             break
         out.append(seg[0])
-    return "/".join(out[::-1])
+    return " ".join(out[::-1]) or "value"
+
+
+def _label(key: str, given: str | None) -> str:
+    """The legend label of a key; a mean always says how it is weighted."""
+    parsed = parse_key(key)
+    if given is None:
+        if parsed is None:
+            return key
+        view, split, _, summary = parsed
+        return f"{view}: {summary_words(summary, split)}"
+    if parsed and parsed[3] in ("mean", "mean_unweighted") and \
+            "weighted" not in given.lower():
+        how = (f"weighted by {parsed[1]} examples" if parsed[3] == "mean"
+               else "unweighted")
+        return f"{given} ({how})"
+    return given
+
+
+def _styles(group: Sequence[str]) -> dict[str, dict]:
+    """Colour by model (the view of a history key, else the key), line style
+    by summary; markers tell apart keys that still look alike."""
+    names = {k: (parse_key(k) or (k,))[0] for k in group}
+    colors = model_colors(names.values())
+    seen: dict[tuple[str, str], int] = {}
+    out = {}
+    for k in group:
+        parsed = parse_key(k)
+        ls = summary_style(parsed[3] if parsed else None)
+        n = seen[colors[names[k]], ls] = seen.get((colors[names[k]], ls), -1) + 1
+        out[k] = {"color": colors[names[k]], "ls": ls, "marker": "osD^v*"[n % 6],
+                  "repeat": n > 0}
+    return out
 
 
 def training_curves(
@@ -54,6 +99,7 @@ def training_curves(
     logy: bool = False,
     title: str | None = None,
     path: str | os.PathLike | None = None,
+    formats: Sequence[str] | None = None,
 ):
     """Metrics against the round, from a :func:`fedjax_pfl.simulate` history.
 
@@ -64,17 +110,27 @@ def training_curves(
       keys: a key (``'personal/test/accuracy/mean'``), a list of keys (one
         panel) or a list of lists of keys (one panel each, e.g. accuracies and
         losses apart).
-      labels: optional key -> legend label.
-      ylabels: y-axis label(s), one per panel (default: the keys' common
-        trailing part, e.g. ``test accuracy mean``).
+      labels: optional key -> legend label. The label of a ``.../mean`` or
+        ``.../mean_unweighted`` key that does not say how it is weighted gets
+        ``(weighted by test examples)`` / ``(unweighted)`` appended. Default:
+        ``'personal: mean weighted by test examples'`` for a history summary
+        key, else the key.
+      ylabels: y-axis label(s), one per panel (default: the split and metric
+        the keys share, e.g. ``test accuracy``).
       logy: log-scale y axes.
-      title, path: figure title; also save as a PNG.
+      title: figure title.
+      path, formats: write the figure (see :func:`client_accuracy_distribution`).
 
     Returns:
-      The figure: one line per key, x the rows' ``round``.
+      The figure: one line per key, x the rows' ``round``. A history summary
+      key ``'{view}/{split}/{metric}/{summary}'`` is drawn in
+      ``model_color(view)``, solid for ``mean``, dash-dot for
+      ``mean_unweighted``, dashed for ``worst10``, dotted for ``best10``; any
+      other key in ``model_color(key)``.
 
     Raises:
-      ValueError: a bad ``history`` or ``keys``, or a key in no row.
+      ValueError: a bad ``history``, ``keys``, ``path`` or ``formats``, or a key
+        in no row.
     """
     rows = _rows("history", history)
     panels = _panels(keys)
@@ -86,21 +142,24 @@ def training_curves(
                              f"panel, got {ylabels!r}")
     fig, axes = _figure(len(panels))
     for i, (ax, group) in enumerate(zip(axes, panels, strict=True)):
+        styles = _styles(group)
         for key in group:
             x, y = _series(rows, key)
             if not x.size:
                 raise _missing("keys", key, rows)
-            ax.plot(x, y, "o-" if x.size <= 30 else "-", ms=3,
-                    label=labels.get(key, key))
-        suffix = _common_suffix(group).replace("/", " ")
-        ax.set_ylabel(ylabels[i] if ylabels else suffix or "value")
+            st, few = styles[key], x.size <= 30
+            ax.plot(x, y, color=st["color"], ls=st["ls"], lw=1.5,
+                    marker=st["marker"] if few or st["repeat"] else None, ms=3.5,
+                    markevery=None if few else max(1, x.size // 10),
+                    label=_label(key, labels.get(key)))
+        ax.set_ylabel(ylabels[i] if ylabels else _ylabel(group))
         ax.set_xlabel("round")
         ax.xaxis.set_major_locator(_integer_ticks())
         if logy:
             ax.set_yscale("log")
         ax.grid(alpha=0.3)
-        _legend(ax, fontsize="small")
-    return _finish(fig, title, path)
+    _legends(fig, axes, fontsize="small")
+    return _finish(fig, title, path, formats)
 
 
 def _detection_round(rows, detected_key: str) -> float | None:
@@ -121,14 +180,18 @@ def nfl_curves(
     detection_round: float | None = None,
     title: str | None = None,
     path: str | os.PathLike | None = None,
+    formats: Sequence[str] | None = None,
 ):
-    """NFL detection and gain over rounds (LINDT, Sec. 3.4).
+    r"""NFL detection and gain over rounds (LINDT, Sec. 3.4).
 
-    Panel "Delta": the server's noise-corrected weight divergence
-    ``Delta = (1/K) sum_k ||w_k - w|| - ||noise||`` with the threshold
-    ``epsilon`` (dashed) and the round NFL was detected (dotted). Panel "beta":
-    the gain ``beta = mean_i (V_i^G - V_i^P)`` of the deployed model over the
-    clients' private models, with the zero line (below it: negative FL).
+    Panel :math:`\Delta`: the server's noise-corrected weight divergence
+    ``Delta = (1/K) sum_k ||w_k - w|| - ||noise||`` (an unweighted mean over
+    the ``K`` clients of the round) with the threshold ``epsilon`` (dashed) and
+    the round NFL was detected (dotted). Panel :math:`\beta`: the gain
+    ``beta = sum_i alpha_i (V_i^G - V_i^P)`` of the deployed model over the
+    clients' private models (``alpha_i = 1/N``, an unweighted mean, unless
+    :func:`fedjax_pfl.metrics.gain_callback` was given ``alpha``), with the
+    zero line (below it: negative FL).
 
     Args:
       history: a simulate history (list of rows) holding ``delta_key`` and/or
@@ -138,14 +201,17 @@ def nfl_curves(
       detected_key: a row key whose first truthy value marks the detection
         round (used when ``detection_round`` is None; absent: no marker).
       detection_round: the round to mark, overriding ``detected_key``.
-      title, path: figure title; also save as a PNG.
+      title: figure title.
+      path, formats: write the figure (see :func:`client_accuracy_distribution`).
 
     Returns:
-      The figure. Lines carry labels: the data ``'Delta'`` / ``'beta'``, and
-      ``'epsilon = ...'``, ``'NFL detected (round r)'``, ``'beta = 0'``.
+      The figure. Lines carry labels (matplotlib mathtext): the data
+      ``'$\Delta$'`` / ``'$\beta$'``, and ``'threshold $\varepsilon = ...$'``,
+      ``'NFL detected (round r)'``, ``'$\beta = 0$'``.
 
     Raises:
-      ValueError: a bad ``history``, neither key in any row, a bad ``epsilon``.
+      ValueError: a bad ``history``, neither key in any row, a bad ``epsilon``,
+        ``detection_round``, ``path`` or ``formats``.
     """
     rows = _rows("history", history)
     if epsilon is not None and not (isinstance(epsilon, (int, float, np.number))
@@ -166,22 +232,26 @@ def nfl_curves(
         raise ValueError(f"detection_round: must be a round number or None, got "
                          f"{detection_round!r}")
     fig, axes = _figure(len(series))
+    color = model_color("global")
     for ax, (name, (x, y)) in zip(axes, series.items(), strict=True):
-        ax.plot(x, y, "-" if x.size > 30 else "o-", ms=3, label=name)
+        ax.plot(x, y, "-" if x.size > 30 else "o-", ms=3, color=color,
+                label=rf"$\{name}$")
         if name == "Delta":
             if epsilon is not None:
-                ax.axhline(epsilon, color="C3", ls="--", label=f"epsilon = {epsilon:g}")
-            ax.set_ylabel("Delta = weight divergence - ||noise||")
+                ax.axhline(epsilon, color="0.35", ls="--",
+                           label=rf"threshold $\varepsilon = {epsilon:g}$")
+            ax.set_ylabel(r"$\Delta = \frac{1}{K}\Sigma_k \Vert w_k - w\Vert"
+                          r" - \Vert\mathrm{noise}\Vert$")
             ax.set_title("NFL detection (server side)")
         else:
-            ax.axhline(0.0, color="0.3", lw=0.8, label="beta = 0")
-            ax.set_ylabel("beta = mean over clients of V^G - V^P")
-            ax.set_title("gain over private models (< 0: NFL)")
+            ax.axhline(0.0, color="0.35", lw=0.8, label=r"$\beta = 0$")
+            ax.set_ylabel(r"$\beta = \Sigma_i\,\alpha_i\,(V^G_i - V^P_i)$")
+            ax.set_title("gain over the private models (< 0: NFL)")
         if detection_round is not None:
-            ax.axvline(detection_round, color="C1", ls=":",
+            ax.axvline(detection_round, color="0.15", ls=":",
                        label=f"NFL detected (round {detection_round:g})")
         ax.set_xlabel("round")
         ax.xaxis.set_major_locator(_integer_ticks())
         ax.grid(alpha=0.3)
-        _legend(ax, fontsize="small")
-    return _finish(fig, title, path)
+    _legends(fig, axes, fontsize="small")
+    return _finish(fig, title, path, formats)

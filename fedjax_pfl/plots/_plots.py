@@ -5,14 +5,15 @@ of dict rows; a :func:`fedjax_pfl.sweep` history: a dict of ``[S, evals]``
 arrays; or per-client arrays), returns a ``matplotlib.figure.Figure`` (made
 without pyplot, so nothing is shown or kept alive behind your back; a notebook
 with ``%matplotlib inline`` displays the returned figure) and, with ``path=``,
-also writes it as a PNG. matplotlib is imported lazily:
+also writes it (PDF/SVG as vector, PNG at 300 dpi). Colours follow
+:func:`model_color`. matplotlib is imported lazily:
 ``pip install fedjax_pfl[plots]``.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -21,11 +22,12 @@ from ._common import (
     _figure,
     _finish,
     _integer_ticks,
-    _legend,
+    _legends,
     _named_vectors,
     _percent,
     _vector,
 )
+from ._style import PALETTE, model_color, model_colors, summary_style, summary_words
 
 _KINDS = ("cdf", "hist", "both")
 _SCALES = ("linear", "log", "symlog")
@@ -40,6 +42,7 @@ def client_accuracy_distribution(
     xlabel: str = "test accuracy per client",
     title: str | None = None,
     path: str | os.PathLike | None = None,
+    formats: Sequence[str] | None = None,
 ):
     """Per-client accuracy distribution of several models (e.g. global vs personal).
 
@@ -54,16 +57,22 @@ def client_accuracy_distribution(
         common bins) or ``'both'`` (two panels).
       bins: number of histogram bins.
       xlabel, title: axis label and figure title.
-      path: also save the figure as a PNG here.
+      path: also write the figure here: ``.pdf``, ``.svg``, ``.eps`` or
+        ``.ps`` as vector graphics, ``.png`` at 300 dpi (see
+        :func:`save_figure`).
+      formats: write one file per format instead, e.g. ``('pdf', 'png')``:
+        ``path``'s extension, if any, is replaced by each.
 
     Returns:
-      The figure. CDF panel: one step line per model through
-      ``(v_(1), 0), (v_(1), 1/n), ..., (v_(n), 1)`` for the sorted values ``v``.
-      Histogram panel: one bar container per model.
+      The figure, each model in :func:`model_color`. CDF panel: one step line
+      per model through ``(v_(1), 0), (v_(1), 1/n), ..., (v_(n), 1)`` for the
+      sorted values ``v``, labelled with the unweighted mean of the values
+      shown. Histogram panel: one bar container per model.
 
     Raises:
       ValueError: ``per_client`` not a non-empty mapping of equally long 1-D
-        arrays, a bad ``mask``, ``kind`` or ``bins``, or no value left to plot.
+        arrays, a bad ``mask``, ``kind``, ``bins``, ``path`` or ``formats``, or
+        no value left to plot.
     """
     if kind not in _KINDS:
         raise ValueError(f"kind: must be one of {_KINDS}, got {kind!r}")
@@ -83,6 +92,8 @@ def client_accuracy_distribution(
             raise ValueError(f"per_client[{k!r}]: no finite value among the clients "
                              "in mask")
     panels = ("cdf", "hist") if kind == "both" else (kind,)
+    colors = model_colors(vals)
+    who = f"{keep.sum()} clients" + (" in mask" if mask is not None else "")
     fig, axes = _figure(len(panels))
     for ax, panel in zip(axes, panels, strict=True):
         if panel == "cdf":
@@ -90,20 +101,28 @@ def client_accuracy_distribution(
                 s = np.sort(v)
                 frac = np.arange(1, s.size + 1) / s.size
                 ax.step(np.concatenate([s[:1], s]), np.concatenate([[0.0], frac]),
-                        where="post", label=f"{k} (mean {v.mean():.3g})")
-            ax.set_ylabel(f"fraction of clients (n = {keep.sum()}) with value <= x")
+                        where="post", color=colors[k], lw=1.5,
+                        label=f"{k} (unweighted mean {_fmt(v.mean())})")
+            ax.set_ylabel("fraction of clients at or below $x$")
             ax.set_ylim(-0.02, 1.02)
-            ax.set_title("empirical CDF across clients")
+            ax.set_title(f"empirical CDF over {who}")
         else:
             edges = np.histogram_bin_edges(np.concatenate(list(vals.values())), bins)
-            ax.hist(list(vals.values()), bins=edges, label=list(vals), alpha=0.8)
+            ax.hist(list(vals.values()), bins=edges, alpha=0.85,
+                    label=None if kind == "both" else list(vals),  # CDF's legend
+                    color=[colors[k] for k in vals])
             ax.set_ylabel("number of clients")
             ax.yaxis.set_major_locator(_integer_ticks())
-            ax.set_title("histogram across clients")
+            ax.set_title(f"histogram over {who}")
         ax.set_xlabel(xlabel)
         ax.grid(alpha=0.3)
-        _legend(ax, loc="upper left" if panel == "cdf" else "best")
-    return _finish(fig, title, path)
+    _legends(fig, axes, loc="best" if kind == "hist" else "upper left",
+             fontsize="small")
+    return _finish(fig, title, path, formats)
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.3f}" if abs(x) < 1 else f"{x:.4g}"
 
 
 def lambda_sweep(
@@ -118,6 +137,7 @@ def lambda_sweep(
     xscale: str = "symlog",
     title: str | None = None,
     path: str | os.PathLike | None = None,
+    formats: Sequence[str] | None = None,
 ):
     """Mean, worst-10 % and std of a per-client metric against lambda.
 
@@ -125,7 +145,8 @@ def lambda_sweep(
       lams: the ``S`` swept lambda values (any order; plotted sorted).
       history: the dict :func:`fedjax_pfl.sweep` returns: it must hold
         ``'{model}/{split}/{metric}/{mean,worst10,std}'`` arrays of shape
-        ``[S, num_evals]`` (or ``[S]``).
+        ``[S, num_evals]`` (or ``[S]``); ``.../mean_unweighted`` is drawn too
+        when present.
       model, split, metric: which entries to plot.
       eval_index: which evaluation (column) to plot; default the last.
       per_client: optional ``[S, num_clients]`` per-client values at each lambda
@@ -133,15 +154,19 @@ def lambda_sweep(
         with one line per client (NaN clients left out).
       xscale: ``'symlog'`` (default: shows lambda = 0 and decades), ``'log'``
         (all lambdas must be > 0) or ``'linear'``.
-      title, path: figure title; also save as a PNG.
+      title: figure title.
+      path, formats: write the figure (see :func:`client_accuracy_distribution`).
 
     Returns:
-      The figure: panel 1 lines ``mean`` and ``worst10``; panel 2 the ``std``;
-      panel 3 (with ``per_client``) one line per client; x data are the sorted
-      lambdas.
+      The figure, in ``model_color(model)``: panel 1 lines ``'mean weighted by
+      {split} examples'`` (solid), ``'worst 10 % of clients, unweighted
+      mean'`` (dashed) and, if in ``history``, ``'unweighted mean over clients'``
+      (dash-dot); panel 2 the ``std`` across clients; panel 3 (with
+      ``per_client``) one grey line per client; x data are the sorted lambdas.
 
     Raises:
-      ValueError: mismatched lengths, a missing history entry, bad ``xscale``.
+      ValueError: mismatched lengths, a missing history entry, bad ``xscale``,
+        ``path`` or ``formats``.
     """
     lam = _vector("lams", lams)
     if not np.all(np.isfinite(lam)):
@@ -156,8 +181,10 @@ def lambda_sweep(
             f"{type(history).__name__}")
     prefix = f"{model}/{split}/{metric}"
     stats = {}
-    for s in ("mean", "worst10", "std"):
+    for s in ("mean", "worst10", "std", "mean_unweighted"):
         key = f"{prefix}/{s}"
+        if s == "mean_unweighted" and key not in history:
+            continue
         if key not in history:
             models = sorted({k.split("/")[0] for k in history if "/" in k})
             raise ValueError(f"history: has no {key!r} (models in it: {models})")
@@ -183,11 +210,15 @@ def lambda_sweep(
     fig, axes = _figure(3 if pc is not None else 2)
     name = metric.replace("_", " ")
     ax = axes[0]
-    ax.plot(x, stats["mean"][order], "o-", label="mean (weighted by test size)")
-    ax.plot(x, stats["worst10"][order], "s--", label="worst 10 % of clients")
+    color = model_color(model)
+    for s, marker in (("mean", "o"), ("mean_unweighted", "^"), ("worst10", "s")):
+        if s in stats:
+            ax.plot(x, stats[s][order], marker=marker, ls=summary_style(s), ms=4,
+                    color=color, label=summary_words(s, split))
     ax.set_ylabel(f"{split} {name}")
     ax.set_title(f"{model} model: {name} across clients")
-    axes[1].plot(x, stats["std"][order], "o-", color="C2", label="std across clients")
+    axes[1].plot(x, stats["std"][order], "o-", ms=4, color=color,
+                 label=summary_words("std", split))
     axes[1].set_ylabel(f"std of {split} {name} across clients")
     axes[1].set_title("fairness (lower is fairer)")
     if pc is not None:
@@ -206,10 +237,10 @@ def lambda_sweep(
         ax.set_xscale(xscale, **_symlog_kwargs(xscale, lam))
         if xscale != "linear":
             ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.set_xlabel("lambda")
+        ax.set_xlabel(r"$\lambda$")
         ax.grid(alpha=0.3)
-        _legend(ax)
-    return _finish(fig, title, path)
+    _legends(fig, axes, fontsize="small")
+    return _finish(fig, title, path, formats)
 
 
 def _symlog_kwargs(xscale: str, lam: np.ndarray) -> dict:
@@ -224,9 +255,10 @@ def adversary_ratio(
     accuracies: Mapping[str, Any],
     *,
     errors: Mapping[str, Any] | None = None,
-    ylabel: str = "benign clients' mean test accuracy",
+    ylabel: str = "benign clients' test accuracy\n(mean weighted by test examples)",
     title: str | None = None,
     path: str | os.PathLike | None = None,
+    formats: Sequence[str] | None = None,
 ):
     """Benign accuracy against the fraction of malicious clients, per method.
 
@@ -235,14 +267,20 @@ def adversary_ratio(
       accuracies: method name -> ``[R]`` accuracies, one per ratio.
       errors: optional method name -> ``[R]`` half-widths of a shaded band (e.g.
         the std across clients or seeds).
-      ylabel, title, path: labels; also save as a PNG.
+      ylabel: the y label; the default describes the history's
+        ``'{view}/test/accuracy/mean'`` over ``eval_mask=threat.benign``: say
+        so when plotting another summary (e.g. ``mean_unweighted``).
+      title: figure title.
+      path, formats: write the figure (see :func:`client_accuracy_distribution`).
 
     Returns:
-      The figure: one line per method (x the sorted ratios).
+      The figure: one line per method in :func:`model_colors` of the method
+      names, each with a marker fixed by its colour (x the sorted ratios).
 
     Raises:
       ValueError: lengths that do not match ``ratios``, ratios outside [0, 1],
-        ``errors`` naming an unknown method or negative.
+        ``errors`` naming an unknown method or negative, a bad ``path`` or
+        ``formats``.
     """
     r = _vector("ratios", ratios)
     if np.any(~np.isfinite(r)) or np.any((r < 0) | (r > 1)):
@@ -257,10 +295,11 @@ def adversary_ratio(
             raise ValueError(f"errors[{k!r}]: must be >= 0")
     order = np.argsort(r, kind="stable")
     fig, (ax,) = _figure(1, width=6.0, height=4.2)
-    markers = "os^vDP*Xh"
-    for i, (k, a) in enumerate(acc.items()):
-        (line,) = ax.plot(r[order], a[order], marker=markers[i % len(markers)],
-                          label=k)
+    colors = model_colors(acc)
+    markers = "os^vDP*Xhd"
+    for k, a in acc.items():
+        (line,) = ax.plot(r[order], a[order], color=colors[k], label=k,
+                          marker=markers[PALETTE.index(colors[k]) % len(markers)])
         if k in err:
             ax.fill_between(r[order], (a - err[k])[order], (a + err[k])[order],
                             color=line.get_color(), alpha=0.15, lw=0)
@@ -268,5 +307,5 @@ def adversary_ratio(
     ax.set_ylabel(ylabel)
     ax.xaxis.set_major_formatter(_percent())
     ax.grid(alpha=0.3)
-    _legend(ax)
-    return _finish(fig, title, path)
+    _legends(fig, [ax], fontsize="small")
+    return _finish(fig, title, path, formats)

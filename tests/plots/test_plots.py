@@ -39,7 +39,7 @@ def test_accuracy_cdf_steps_through_sorted_values_of_masked_clients():
     x, y = _xy(p)
     np.testing.assert_allclose(x, [0.1, 0.1, 0.6, 0.7, 1.0])
     np.testing.assert_allclose(y, [0, 0.25, 0.5, 0.75, 1.0])
-    assert "(mean 0.533)" in g.get_label()  # the mean of the plotted clients
+    assert "(unweighted mean 0.533)" in g.get_label()  # of the plotted clients
 
 
 def test_accuracy_histogram_counts_clients_per_common_bin():
@@ -86,10 +86,10 @@ def test_lambda_sweep_plots_sorted_lambdas_and_per_client_lines():
     fig = plots.lambda_sweep(lams, hist, per_client=per_client, eval_index=1)
     ax_acc, ax_std, ax_pc = fig.axes
     order = [1, 2, 0, 3]
-    x, y = _xy(_by_label(ax_acc, "mean (weighted by test size)"))
+    x, y = _xy(_by_label(ax_acc, "mean weighted by test examples"))
     np.testing.assert_allclose(x, [0, 0.1, 1, 10])
     np.testing.assert_allclose(y, hist["personal/test/accuracy/mean"][order, 1])
-    _, y = _xy(_by_label(ax_acc, "worst 10 % of clients"))
+    _, y = _xy(_by_label(ax_acc, "worst 10 % of clients, unweighted mean"))
     np.testing.assert_allclose(y, hist["personal/test/accuracy/worst10"][order, 1])
     _, y = _xy(_by_label(ax_std, "std across clients"))
     np.testing.assert_allclose(y, hist["personal/test/accuracy/std"][order, 1])
@@ -166,13 +166,14 @@ def test_training_curves_one_line_per_key_and_panels():
     fig = plots.training_curves(HISTORY, [keys, ["train/loss"]],
                                 labels={"train/loss": "training loss"})
     acc, loss = fig.axes
-    x, y = _xy(_by_label(acc, keys[0]))  # the NaN row is skipped
+    x, y = _xy(_by_label(acc, "global: mean weighted by test examples"))  # NaN row:
+    # skipped
     np.testing.assert_allclose(x, [0, 5])
     np.testing.assert_allclose(y, [0.1, 0.4])
-    x, y = _xy(_by_label(acc, keys[1]))
+    x, y = _xy(_by_label(acc, "personal: mean weighted by test examples"))
     np.testing.assert_allclose(x, [0, 5, 10])
     np.testing.assert_allclose(y, [0.2, 0.5, 0.7])
-    assert acc.get_ylabel() == "test accuracy mean"
+    assert acc.get_ylabel() == "test accuracy (mean weighted by test examples)"
     x, y = _xy(_by_label(loss, "training loss"))  # absent in row 0
     np.testing.assert_allclose(x, [5, 10])
     np.testing.assert_allclose(y, [2.0, 1.0])
@@ -211,22 +212,23 @@ def test_nfl_curves_delta_epsilon_detection_and_beta():
     rows = _nfl_history()
     fig = plots.nfl_curves(rows, epsilon=0.2)
     delta_ax, beta_ax = fig.axes
-    x, y = _xy(_by_label(delta_ax, "Delta"))
+    x, y = _xy(_by_label(delta_ax, r"$\Delta$"))
     np.testing.assert_allclose(x, np.arange(12))
     np.testing.assert_allclose(y, 0.5 - 0.03 * np.arange(12))
-    np.testing.assert_allclose(_xy(_by_label(delta_ax, "epsilon = 0.2"))[1], 0.2)
+    np.testing.assert_allclose(
+        _xy(_by_label(delta_ax, r"threshold $\varepsilon = 0.2$"))[1], 0.2)
     np.testing.assert_allclose(_xy(_by_label(delta_ax, "NFL detected (round 7)"))[0], 7)
-    x, y = _xy(_by_label(beta_ax, "beta"))
+    x, y = _xy(_by_label(beta_ax, r"$\beta$"))
     np.testing.assert_allclose(x, [0, 4, 8])
     np.testing.assert_allclose(y, [-0.1, -0.06, -0.02])
-    np.testing.assert_allclose(_xy(_by_label(beta_ax, "beta = 0"))[1], 0.0)
+    np.testing.assert_allclose(_xy(_by_label(beta_ax, r"$\beta = 0$"))[1], 0.0)
     only = plots.nfl_curves([{k: v for k, v in r.items() if k != "nfl/beta"}
                              for r in rows], detection_round=3, epsilon=None)
     (ax,) = only.axes
     assert [ln.get_label() for ln in ax.get_lines()] == [
-        "Delta", "NFL detected (round 3)"]
+        r"$\Delta$", "NFL detected (round 3)"]
     renamed = plots.nfl_curves([{"round": 1, "d": 0.3}], delta_key="d")
-    assert _xy(_by_label(renamed.axes[0], "Delta"))[1].tolist() == [0.3]
+    assert _xy(_by_label(renamed.axes[0], r"$\Delta$"))[1].tolist() == [0.3]
 
 
 @pytest.mark.parametrize("kwargs, arg", [
