@@ -12,6 +12,7 @@ from . import privacy as privacy
 from .core import Algorithm as Algorithm
 from .core import AlgorithmState as AlgorithmState
 from .core import EngineConfig as EngineConfig
+from .core import Interrupted as Interrupted
 from .core import Plateau as Plateau
 from .core import evaluate_state as evaluate_state
 from .core import simulate as simulate

@@ -9,6 +9,7 @@ from ._clients import sample_cohort as sample_cohort
 from ._clients import tree_broadcast as tree_broadcast
 from ._clients import tree_gather as tree_gather
 from ._clients import tree_scatter as tree_scatter
+from ._drivers import Interrupted as Interrupted
 from ._drivers import Plateau as Plateau
 from ._drivers import SimulationResult as SimulationResult
 from ._drivers import evaluate_state as evaluate_state

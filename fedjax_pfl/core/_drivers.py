@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -146,6 +148,67 @@ def _validate_privacy(privacy) -> None:
     if privacy is not None and not all(hasattr(privacy, a) for a in needed):
         raise ValueError("privacy: must be a fedjax_pfl.privacy.Monitor or None, got "
                          f"{type(privacy).__name__}")
+
+
+class Interrupted(KeyboardInterrupt):
+    """``simulate`` stopped at a round boundary by SIGINT (Ctrl-C) or SIGTERM.
+
+    A ``KeyboardInterrupt``, so a script that does not catch it ends as on
+    Ctrl-C, and ``except Exception`` does not swallow it.
+
+    Attributes:
+      result: the :class:`SimulationResult` so far (state and history up to
+        ``round``).
+      round: the round the run stopped at.
+      checkpointed: whether a checkpoint of that round was written (then
+        ``resume=True`` continues exactly).
+      signal: ``"SIGINT"`` or ``"SIGTERM"``.
+    """
+
+    def __init__(self, result, round_, checkpointed, signal_name):
+        self.result, self.round = result, int(round_)
+        self.checkpointed, self.signal = checkpointed, signal_name
+        super().__init__(self.message())
+
+    def message(self) -> str:
+        how = ("; continue with resume (--resume)" if self.checkpointed else
+               "; no checkpoint was written (no checkpoint_dir)")
+        return f"stopped by {self.signal} at round {self.round}{how}"
+
+
+class _StopSignals:
+    """Turns the first SIGINT/SIGTERM into a request to stop at the next round
+    boundary; a second signal interrupts at once (``KeyboardInterrupt``).
+    Installed only in the main thread of a single-process run (elsewhere the
+    handlers are left alone)."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.received: str | None = None
+        self._old: dict = {}
+
+    def __enter__(self):
+        if (threading.current_thread() is threading.main_thread()
+                and jax.process_count() == 1):
+            for sig in self.SIGNALS:
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.received is not None:
+            self._restore()
+            raise KeyboardInterrupt
+        self.received = signal.Signals(signum).name
+
+    def _restore(self):
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        self._old = {}
+
+    def __exit__(self, *exc):
+        self._restore()
+        return False
 
 
 def _truncate_jsonl(jsonl_path, saved) -> None:
@@ -374,6 +437,14 @@ def simulate(
         min_delta=0.002)``) has its metric names checked against the
         evaluation's before any work.
 
+    Interrupting: in the main thread of a single-process run, the first SIGINT
+    (Ctrl-C) or SIGTERM stops the run at the next evaluation (the rounds in
+    between are one compiled program and are not cut): the state there is
+    checkpointed (when ``checkpoint_dir`` is given) and :class:`Interrupted`
+    is raised, carrying the result so far; ``resume=True`` then continues
+    exactly. A second signal interrupts at once, like a plain Ctrl-C, and the
+    newest checkpoint written before it is where a resumed run starts.
+
     Returns:
       :class:`SimulationResult` with the final state and one history row per
       evaluation (the first at the starting round).
@@ -392,6 +463,7 @@ def simulate(
         checkpoints without ``resume``; a ``stop_when`` that is not callable, or
         a :class:`Plateau` whose settings are invalid or whose metrics the run
         does not record.
+      Interrupted: SIGINT or SIGTERM stopped the run (see above).
     """
     with execution(engine):  # checks engine first
         return _simulate(
@@ -444,6 +516,8 @@ def _simulate(algorithm, data, *, num_rounds, eval_every, key, eval_mask, splits
             raise ValueError(f"stop_when: the history has no {missing}; its metrics "
                              f"are {sorted(recorded)}")
     ckpt = restored = fingerprint = fh = bar = None
+    stop = _StopSignals()
+    saved_at = [None]  # the rounds done of the last checkpoint written
     try:
         if checkpoint_dir is not None:
             fingerprint = _checkpoint.fingerprint(
@@ -462,6 +536,10 @@ def _simulate(algorithm, data, *, num_rounds, eval_every, key, eval_mask, splits
             _truncate_jsonl(jsonl_path, restored.jsonl_bytes)
         else:
             history, done = [], 0
+            if resume and jsonl_path and os.path.exists(jsonl_path):
+                # a run stopped before its first checkpoint starts afresh
+                _truncate_jsonl(jsonl_path, {"path": os.path.abspath(jsonl_path),
+                                             "bytes": 0})
             if state is None:
                 state = algorithm.init(init_key, data)
             else:  # the state is donated below: never consume the caller's arrays
@@ -474,6 +552,17 @@ def _simulate(algorithm, data, *, num_rounds, eval_every, key, eval_mask, splits
         if jsonl_path and main_process:
             os.makedirs(os.path.dirname(os.path.abspath(jsonl_path)), exist_ok=True)
             fh = open(jsonl_path, "a")
+
+        def save(done):
+            saved = fh and {"path": os.path.abspath(jsonl_path), "bytes": fh.tell()}
+            ckpt.save(done, state, history, fingerprint, saved)
+            saved_at[0] = done
+
+        def interrupt(done):
+            if ckpt is not None and saved_at[0] != done:
+                save(done)
+            raise Interrupted(SimulationResult(state, history), history[-1]["round"],
+                              ckpt is not None, stop.received)
 
         def record(row, done, next_chunk):
             if privacy is not None:
@@ -490,21 +579,24 @@ def _simulate(algorithm, data, *, num_rounds, eval_every, key, eval_mask, splits
                 fh.flush()
             if ckpt is not None and (done == num_rounds or _stopped(row)
                                      or (done and done % checkpoint_every == 0)):
-                saved = fh and {"path": os.path.abspath(jsonl_path), "bytes": fh.tell()}
-                ckpt.save(done, state, history, fingerprint, saved)
+                save(done)
             if callback is not None:
                 callback(state, row)
 
         if progress and main_process:
             from tqdm.auto import tqdm
 
-            bar = tqdm(total=num_rounds, initial=done, unit="round", dynamic_ncols=True)
+            bar = tqdm(total=num_rounds, initial=done, unit="round", dynamic_ncols=True,
+                       desc="compiling")  # until the first chunk of rounds is done
+        stop.__enter__()
         if restored is None:
             record(_row(state.round, evaluate(state, data, run_key), None), 0,
                    todo[0] if todo else 0)
         for i, n in enumerate(todo):
             if _stopped(history[-1]):
                 break
+            if stop.received:
+                interrupt(done)
             t0 = time.perf_counter()
             state, train_metrics = chunk(state, data, run_key, n)
             ev = evaluate(state, data, run_key)
@@ -512,10 +604,12 @@ def _simulate(algorithm, data, *, num_rounds, eval_every, key, eval_mask, splits
             row = _row(state.round, ev, train_metrics)  # blocks on the results
             row["seconds"] = time.perf_counter() - t0  # rounds + evaluation
             record(row, done, todo[i + 1] if i + 1 < len(todo) else 0)
-            if bar is not None:
-                bar.update(n)
+            if bar is not None:  # the metrics of the evaluation just made
+                bar.set_description_str("", refresh=False)
                 bar.set_postfix(_postfix(row), refresh=False)
+                bar.update(n)
     finally:
+        stop.__exit__()
         if bar is not None:
             bar.close()
         if fh is not None:
@@ -593,15 +687,21 @@ def sweep(
     splits: Sequence[str] = ("train", "test"),
     engine: EngineConfig | None = None,
 ) -> tuple[AlgorithmState, dict[str, np.ndarray]]:
-    """Runs one whole simulation per hyperparameter value, vmapped: ONE program.
+    """Runs one whole simulation per hyperparameter value (or per seed),
+    vmapped: ONE program.
 
     Args:
       make_algorithm: ``(**hparams) -> Algorithm``; called inside the trace with
         scalar (traced) values, e.g. ``lambda lam: ditto(model, lam=lam, ...)``.
-      hparams: name -> 1-D array of values; all the same length ``S``.
-      data, num_rounds, eval_every, key, eval_mask, splits, engine: as in
-        :func:`simulate`; every run uses the same key, so results equal
-        separate ``simulate`` runs.
+      hparams: name -> 1-D array of values; all the same length ``S`` (may be
+        empty when ``key`` holds one key per run).
+      key: one typed key (every run uses it, so results equal separate
+        ``simulate`` runs with that key), or ``S`` keys, e.g.
+        ``jax.vmap(jax.random.key)(jnp.arange(5))``: one run per key (seeds of
+        the initialization, cohorts and batches; the data stay the same), each
+        equal to ``simulate`` with that key.
+      data, num_rounds, eval_every, eval_mask, splits, engine: as in
+        :func:`simulate`.
 
     Returns:
       ``(states, history)``: final states with a leading ``S`` axis, and a dict of
@@ -611,31 +711,38 @@ def sweep(
       ValueError: as :func:`simulate`, before any computation (the whole program
         is traced first).
     """
-    eval_every = _validate_run(num_rounds, eval_every, key)
+    keys = key if isinstance(key, jax.Array) and key.ndim == 1 else None
+    if isinstance(key, jax.Array) and (key.ndim > 1 or key.size == 0):
+        raise ValueError(f"key: one key, or a 1-D array of keys (one per run), got "
+                         f"shape {key.shape}")
+    eval_every = _validate_run(num_rounds, eval_every,
+                               key if keys is None else keys[0])
     check_engine(engine)
     if not callable(make_algorithm):
         raise ValueError(f"make_algorithm: must be callable, got {make_algorithm!r}")
     _validate_data(data)
     splits = check_eval_args(data, splits=splits, mask=eval_mask,
                              mask_name="eval_mask")
-    if not isinstance(hparams, Mapping) or not hparams:
+    if not isinstance(hparams, Mapping) or (not hparams and keys is None):
         raise ValueError("hparams: give at least one hyperparameter to sweep, as "
-                         f"{{name: values}}, got {hparams!r}")
+                         f"{{name: values}}, or one key per run, got {hparams!r}")
     values = {k: jnp.asarray(v, jnp.float32) for k, v in hparams.items()}
     sizes = {k: v.shape for k, v in values.items()}
+    if keys is not None:
+        sizes["key"] = keys.shape
     if any(len(s) != 1 for s in sizes.values()) or len(
         {s[0] for s in sizes.values()}
     ) != 1:
         raise ValueError(
-            f"hparams: every value must be a 1-D array of the same length, got "
-            f"shapes {sizes}"
+            f"hparams: every value (and key, when it holds one key per run) must "
+            f"be a 1-D array of the same length, got shapes {sizes}"
         )
-    init_key, run_key = jax.random.split(key)
     lengths = _chunk_lengths(num_rounds, eval_every)
     eval_kwargs = {"splits": splits, "mask": eval_mask}
     classes: dict[str, int] = {}
 
-    def run(hp, d):
+    def run(hp, k, d):
+        init_key, run_key = jax.random.split(k)
         alg = make_algorithm(**hp)
         state = alg.init(init_key, d)
         evals = [_evaluate(alg, state, d, run_key, eval_kwargs, classes=classes)]
@@ -644,11 +751,13 @@ def sweep(
             evals.append(_evaluate(alg, state, d, run_key, eval_kwargs))
         return state, jax.tree.map(lambda *a: jnp.stack(a), *evals)
 
-    program = jax.jit(jax.vmap(run, in_axes=(0, None)))
+    program = jax.jit(jax.vmap(run, in_axes=(0 if values else None,
+                                             None if keys is None else 0, None)))
+    k = key if keys is None else keys
     with execution(engine):
-        program.trace(values, data)  # every check fires here, before computing
+        program.trace(values, k, data)  # every check fires here, before computing
         check_labels(data, classes)
-        states, metrics = program(values, data)
+        states, metrics = program(values, k, data)
     history = {k: np.asarray(v) for k, v in metrics.items()}
     history["round"] = np.cumsum([0] + lengths)
     return states, history

@@ -8,4 +8,6 @@ from ._config import resolve as resolve
 from ._private import private_accuracy as private_accuracy
 from ._registry import PRESETS as PRESETS
 from ._run import get_preset as get_preset
+from ._run import provenance as provenance
+from ._run import run_experiment as run_experiment
 from ._run import run_preset as run_preset

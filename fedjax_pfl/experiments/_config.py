@@ -31,6 +31,10 @@ class Key:
       low, high: inclusive numeric bounds (``high_open`` makes ``high`` exclusive).
       type: overrides the type taken from ``default``.
       check: ``value -> error message or None`` for what the above cannot say.
+      only_if: ``(other_key, values)``: the key has an effect only while
+        ``other_key`` is one of ``values`` (e.g. TERM's tilt only with
+        ``method=term``); setting it otherwise is refused, since it would
+        silently do nothing.
     """
 
     default: Any
@@ -41,6 +45,7 @@ class Key:
     high_open: bool = False
     type: type | None = None
     check: Callable[[Any], str | None] | None = None
+    only_if: tuple[str, tuple] | None = None
 
     @property
     def kind(self) -> type:
@@ -83,6 +88,11 @@ class Preset:
       keys: the configuration keys.
       build: ``config -> Experiment`` (loads data, builds the algorithm).
       needs: datasets it reads from ``$FEDJAX_PFL_DATA_DIR`` (empty: synthetic).
+      rules: ``config -> error message or None``: checks across keys (e.g. an
+        attack needs a malicious ratio), run on the resolved config before any
+        data is loaded.
+      cost: the measured time and peak memory of a run at the defaults, as
+        ``fedjax-pfl list`` shows it (empty: not measured).
     """
 
     name: str
@@ -92,6 +102,8 @@ class Preset:
     keys: Mapping[str, Key]
     build: Callable[[dict], Experiment]
     needs: tuple[str, ...] = ()
+    rules: tuple[Callable[[dict], str | None], ...] = ()
+    cost: str = ""
 
     def defaults(self) -> dict[str, Any]:
         return {k: v.default for k, v in self.keys.items()}
@@ -102,8 +114,9 @@ def run_keys(rounds: int, eval_every: int, strategy: str = "auto") -> dict[str, 
     return {
         "rounds": Key(rounds, "communication rounds", low=1),
         "eval_every": Key(eval_every, "rounds between evaluations", low=1),
-        "checkpoint_every": Key(0, "rounds between checkpoints (0: every "
-                                "evaluation); a multiple of eval_every", low=0),
+        "checkpoint_every": Key(None, "rounds between checkpoints, a multiple "
+                                "of eval_every (default: every evaluation; 0: no "
+                                "checkpoints, and no resume)", low=0, type=int),
         "seed": Key(0, "seeds the data partition, the attackers and the run", low=0),
         "strategy": Key(strategy, "client-parallel strategy (auto: the backend's "
                         "measured default; unroll: the cohort without a loop, "
@@ -178,11 +191,43 @@ def resolve(preset: Preset, overrides: Mapping[str, Any] | None = None) -> dict:
         cfg[name] = value
     for name, key in preset.keys.items():
         check_value(name, key, cfg[name])
+    for name in overrides or ():
+        if problem := inert(preset, cfg, name):
+            raise ValueError(problem)
+    for rule in preset.rules:
+        if problem := rule(cfg):
+            raise ValueError(problem)
     ce, ee = cfg.get("checkpoint_every", 0), cfg.get("eval_every", 1)
     if ce and ce % ee:
         raise ValueError(f"checkpoint_every: must be a multiple of eval_every "
                          f"({ee}), got {ce}")
     return cfg
+
+
+def inert(preset: Preset, cfg: Mapping[str, Any], name: str) -> str | None:
+    """Why key ``name`` has no effect in ``cfg`` (its ``only_if`` does not
+    hold), or None."""
+    cond = preset.keys[name].only_if
+    if cond is None or cfg[cond[0]] in cond[1]:
+        return None
+    allowed = ", ".join(map(str, cond[1]))
+    return (f"{name}: has no effect unless {cond[0]} is {allowed} (here "
+            f"{cond[0]}={cfg[cond[0]]!r}); set {cond[0]}, or leave {name} out")
+
+
+def attack_needs_ratio(attack: str = "attack", ratio: str = "ratio"):
+    """A preset rule: an attack needs a malicious ratio above 0, and a ratio
+    above 0 needs an attack (either alone would run a clean experiment)."""
+    def rule(cfg):
+        if cfg[attack] != "none" and cfg[ratio] == 0:
+            return (f"{ratio}: {attack}={cfg[attack]} needs the fraction of "
+                    f"malicious clients, e.g. {ratio}=0.5; with {ratio}=0 no client "
+                    "attacks")
+        if cfg[attack] == "none" and cfg[ratio] > 0:
+            return (f"{ratio}: {cfg[ratio]} has no effect without an attack "
+                    f"({attack}=none); set {attack}, or {ratio}=0")
+        return None
+    return rule
 
 
 def parse_sets(items: list[str] | None) -> dict[str, str]:

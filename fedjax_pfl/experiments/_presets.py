@@ -11,7 +11,14 @@ import numpy as np
 
 from fedjax_pfl import aggregators, algorithms, attacks, data, models, privacy
 
-from ._config import Experiment, Key, Preset, check_attack, run_keys
+from ._config import (
+    Experiment,
+    Key,
+    Preset,
+    attack_needs_ratio,
+    check_attack,
+    run_keys,
+)
 from ._registry import PRESETS as PRESETS
 from ._registry import register as _register
 
@@ -50,34 +57,34 @@ def _ditto_keys(*, lr, batch, steps, lam, selection=("fixed", "paper", "greedy_s
         "ratio": Key(0.0, "fraction of malicious clients", low=0.0, high=1.0,
                      high_open=True),
         "a3_scale": Key(0.0, "A3's factor on a malicious update; 0: the cohort size "
-                        "(the authors' code)", low=0.0),
+                        "(the authors' code)", low=0.0, only_if=("attack", ("A3",))),
         "lam": Key(lam, "Ditto's lambda (fixed, or for clients with too little "
-                   "validation data)", low=0.0),
+                   "validation data)", low=0.0, only_if=("method", ("ditto",))),
         "lam_selection": Key(default_selection, "per-device lambda selection",
-                             choices=selection),
+                             choices=selection, only_if=("method", ("ditto",))),
         "lr": Key(lr, "client learning rate", low=1e-12),
         "local_steps": Key(steps, "local iterations per round", low=1),
         "batch_size": Key(batch, "minibatch size", low=1),
         "cohort_size": Key(10, "clients per round (sampled by size)", low=1),
-        "term_t": Key(1.0, "TERM's tilt t (method=term)", low=0.0),
+        "term_t": Key(1.0, "TERM's tilt t (method=term)", low=0.0,
+                      only_if=("method", ("term",))),
         "finetune_steps": Key(40, "finetuning steps (method=finetune; the code's "
-                              "finetune_iters)", low=1),
+                              "finetune_iters)", low=1,
+                              only_if=("method", ("finetune",))),
         "aggregator": Key("mean", "the global model's rule (Ditto + robust "
                           "aggregation, the paper's Tables 3 and 6; Krum, "
                           "multi-Krum, k-norm and k-loss assume the cohort's "
                           "expected attackers, floor(cohort_size * malicious / "
                           "clients), as the authors' code)",
                           choices=DITTO_AGGREGATORS),
-        "fedmgda_eps": Key(0.1, "FedMGDA+'s epsilon (aggregator=fedmgda)", low=0.0),
+        "fedmgda_eps": Key(0.1, "FedMGDA+'s epsilon (aggregator=fedmgda)", low=0.0,
+                           only_if=("aggregator", ("fedmgda",))),
     }
 
 
 def ditto_experiment(cfg, fed, model, num_classes) -> Experiment:
     """Ditto Table 1 style run: one method under one attack."""
     check_attack(cfg["attack"], cfg["ratio"], fed.num_clients)
-    if cfg["a3_scale"] and cfg["attack"] != "A3":
-        raise ValueError(f"a3_scale: only attack=A3 scales updates, got "
-                         f"attack={cfg['attack']!r}")
     fed, threat = attacks.setup_attack(fed, cfg["attack"], cfg["ratio"],
                                        seed=cfg["seed"], num_classes=num_classes,
                                        scale=cfg["a3_scale"] or None)
@@ -132,7 +139,7 @@ _register(Preset(
          "beta": Key(1.0, "Synthetic(alpha, beta): data heterogeneity", low=0.0),
          "clients": Key(100, "number of clients", low=2),
          "max_size": Key(1000, "largest client", low=2)},
-    _ditto_synthetic))
+    _ditto_synthetic, rules=(attack_needs_ratio(),)))
 
 
 def _ditto_fmnist(cfg):
@@ -150,7 +157,7 @@ _register(Preset(
     "cores with the default lambda selection, 2.1 s a round; 0.8 s with "
     "lam_selection=fixed; measured, docs/results/scale.md)",
     _ditto_keys(lr=0.05, batch=16, steps=2, lam=1.0, rounds=250, eval_every=50),
-    _ditto_fmnist, ("fashion_mnist",)))
+    _ditto_fmnist, ("fashion_mnist",), rules=(attack_needs_ratio(),)))
 
 
 def _ditto_femnist(cfg):
@@ -167,7 +174,7 @@ _register(Preset(
     "local iterations (unstated) 2; 200 rounds",
     _ditto_keys(lr=0.1, batch=32, steps=2, lam=0.1, rounds=200, eval_every=50,
                 selection=("fixed",), default_selection="fixed"),
-    _ditto_femnist, ("femnist",)))
+    _ditto_femnist, ("femnist",), rules=(attack_needs_ratio(),)))
 
 
 def _ditto_vehicle(cfg):
@@ -184,7 +191,7 @@ _register(Preset(
      "test_fraction": Key(0.2, "each vehicle's hold-out test share (the paper's "
                           "split is 72/8/20; validation stays 8 %)", low=0.01,
                           high=0.9)},
-    _ditto_vehicle, ("vehicle",)))
+    _ditto_vehicle, ("vehicle",), rules=(attack_needs_ratio(),)))
 
 
 # ------------------------------------------------------------------------- Fed+

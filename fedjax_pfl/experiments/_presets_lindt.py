@@ -158,7 +158,7 @@ _register(Preset(
      "eps": Key(0.1, "detection threshold epsilon", low=0.0),
      "r_prime": Key(100, "detection count r' (0: rounds / 2)", low=0),
      "trim": Key(0.1, "trimmed-mean fraction per side (tm, lindt_tm)", low=0.0,
-                 high=0.5, high_open=True),
+                 high=0.5, high_open=True, only_if=("method", ("tm", "lindt_tm"))),
      "fb_steps": Key(100, "FB finetuning steps of the top layer", low=1),
      "fb_lr": Key(0.01, "FB learning rate", low=1e-12),
      "private_rounds": Key(20, "rounds of the private (local-only) models", low=1),

@@ -58,14 +58,16 @@ def _check_out(out: Path, record: dict, resume: bool) -> None:
         raise ValueError(f"out: {cfg_path} is a folder, not a run's config file")
     if cfg_path.exists():
         old = json.loads(cfg_path.read_text())
+        name = old.get("preset") or old.get("name")
         if not resume:
-            raise ValueError(f"out: {out} already holds a run ({old.get('preset')}); "
-                             "pass resume=True (--resume) to continue it, or another "
+            raise ValueError(f"out: {out} already holds a run ({name}); pass "
+                             "resume=True (--resume) to continue it, or another "
                              "directory")
-        if (old.get("preset"), old.get("config")) != (record["preset"],
-                                                      record["config"]):
-            raise ValueError(f"resume: {out} holds a run of {old.get('preset')} with "
-                             f"config {old.get('config')}, not {record['config']}")
+        new = json.loads(json.dumps(record["config"], default=str))
+        if (name, old.get("config")) != (record.get("preset") or record.get("name"),
+                                         new):
+            raise ValueError(f"resume: {out} holds a run of {name} with config "
+                             f"{old.get('config')}, not {new}")
 
 
 def _check_experiment(exp, cfg: Mapping[str, Any], key, engine=None) -> int:
@@ -182,58 +184,135 @@ def make_plots(out: Path, history, cols, views, name: str, mask=None) -> list[st
     return made
 
 
+def provenance() -> dict[str, Any]:
+    """What made a run: the package version, its git commit when the package
+    runs from a git checkout (with ``dirty`` when it has uncommitted changes),
+    python, jax, the backend and its device."""
+    import platform
+    import subprocess
+
+    import fedjax_pfl
+
+    out = {"fedjax_pfl": fedjax_pfl.__version__, "git_commit": None,
+           "python": platform.python_version(), "jax": jax.__version__,
+           "backend": jax.default_backend(),
+           "device": jax.devices()[0].device_kind}
+    here = Path(fedjax_pfl.__file__).parent
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, text=True,
+                             capture_output=True, timeout=10)
+        if sha.returncode == 0:
+            dirty = subprocess.run(["git", "status", "--porcelain", "--", "."],
+                                   cwd=here, text=True, capture_output=True,
+                                   timeout=10).stdout.strip()
+            out["git_commit"] = sha.stdout.strip() + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return out
+
+
 def run_preset(name: str, overrides: Mapping[str, Any] | None = None, *,
                out: str | os.PathLike, resume: bool = False,
-               progress: bool = True) -> dict:
+               progress: bool = True, callback=None) -> dict:
     """Runs preset ``name`` with ``overrides`` into the directory ``out``.
 
     Every key and value is checked before anything is loaded or written, and
     everything that needs the loaded data (the model against the data, the
     cohort against the number of clients, a malicious ratio that leaves no
     attacker, the privacy plan) before anything is written or trained
-    (docs/engine.md, "Validation"). Returns ``{'config', 'history',
-    'final', 'files'}``.
+    (docs/engine.md, "Validation"). ``callback(state, row)`` is called after
+    every evaluation (e.g. a :mod:`fedjax_pfl.tracking` writer). Returns
+    ``{'config', 'history', 'final', 'files', 'views'}``.
 
     Raises:
       ValueError: unknown preset or key, invalid value, an ``out`` that is a file
         or holds another run (or, with ``resume``, a run of another config), or
         an experiment that cannot run on its data.
+      fedjax_pfl.Interrupted: SIGINT or SIGTERM stopped the run at an
+        evaluation (checkpointed unless ``checkpoint_every=0``).
     """
     preset = get_preset(name)
     cfg = resolve(preset, overrides)
+    _check_run_args(out, resume, progress, callback)
+    record = {"preset": name, "paper": preset.paper, "scaled": preset.scaled,
+              "config": cfg}
+    _check_out(Path(out), record, resume)
+    return run_experiment(preset.build(dict(cfg)), out, config=cfg, name=name,
+                          record=record, resume=resume, progress=progress,
+                          callback=callback)
+
+
+def _check_run_args(out, resume, progress, callback) -> None:
     check_choice("resume", resume, (True, False))
     check_choice("progress", progress, (True, False))
     if out is None:
         raise ValueError("out: the run directory is required")
     check_dir("out", out)
+    if callback is not None and not callable(callback):
+        raise ValueError(f"callback: must be callable or None, got {callback!r}")
+
+
+def run_experiment(exp: Experiment, out: str | os.PathLike, *,
+                   config: Mapping[str, Any], name: str = "experiment",
+                   resume: bool = False, progress: bool = True, callback=None,
+                   record: Mapping[str, Any] | None = None) -> dict:
+    """Runs an :class:`Experiment` of your own into a run directory, as
+    ``fedjax-pfl run`` does for a preset: ``config.json`` (``config`` and the
+    provenance), ``history.jsonl``, ``clients.csv``, the plots, the
+    checkpoints (``resume=True`` continues exactly) and, for a private
+    algorithm, ``privacy.json``.
+
+    Args:
+      exp: what ``simulate`` needs (:class:`Experiment`).
+      out: the run directory.
+      config: the settings to record; the run reads ``rounds``, ``eval_every``
+        and ``seed`` (required) and ``checkpoint_every`` (default: every
+        evaluation; 0: none) and ``strategy`` (default ``auto``) from it.
+      name: the experiment's name in config.json and in the plots' titles.
+      resume, progress, callback: as :func:`run_preset`.
+      record: extra fields for config.json (:func:`run_preset` passes the
+        preset's).
+
+    Returns and raises as :func:`run_preset`.
+    """
+    _check_run_args(out, resume, progress, callback)
+    if not isinstance(config, Mapping):
+        raise ValueError(f"config: must be a mapping, got {type(config).__name__}")
+    missing = [k for k in ("rounds", "eval_every", "seed") if k not in config]
+    if missing:
+        raise ValueError(f"config: needs {missing} (the run's schedule and seed)")
+    cfg = {"checkpoint_every": None, "strategy": "auto", **config}
     out = Path(out)
-    record = {"preset": name, "paper": preset.paper, "scaled": preset.scaled,
-              "config": cfg, "jax": jax.__version__,
-              "backend": jax.default_backend()}
+    record = {"name": name, **(record or {}), "config": dict(cfg), **provenance()}
     _check_out(out, record, resume)
     key = jax.random.key(cfg["seed"])
-    exp = preset.build(dict(cfg))
     eng = engine(cfg)
     num_rounds = _check_experiment(exp, cfg, key, eng)
+    if resume and cfg["checkpoint_every"] == 0:
+        raise ValueError("resume: the run writes no checkpoints "
+                         "(checkpoint_every=0); nothing to resume from")
     record["info"] = dict(exp.info)
     out.mkdir(parents=True, exist_ok=True)
     (out / "plots").mkdir(exist_ok=True)
     _write_atomic(out / "config.json", json.dumps(record, indent=1, default=str))
     eval_every = min(cfg["eval_every"], num_rounds)
-    ckpt = cfg["checkpoint_every"] or eval_every
-    if ckpt % eval_every:
+    ckpt = cfg["checkpoint_every"]
+    if ckpt is None or ckpt % eval_every:
         ckpt = eval_every
     if not resume and (out / "history.jsonl").exists():
         (out / "history.jsonl").unlink()  # a run that crashed before its 1st checkpoint
     private = getattr(exp.algorithm, "privacy", None) is not None
-    callback = _ledger_callback(out, exp, resume) if private else exp.callback
+    callbacks = [c for c in (_ledger_callback(out, exp, resume) if private
+                             else exp.callback, callback) if c is not None]
     res = simulate(exp.algorithm, exp.data, num_rounds=num_rounds,
                    eval_every=eval_every, key=key, eval_mask=exp.eval_mask,
                    splits=SPLITS, progress=progress,
                    jsonl_path=str(out / "history.jsonl"),
-                   checkpoint_dir=out / "checkpoints", checkpoint_every=ckpt,
-                   resume=resume, privacy=exp.privacy, callback=callback,
-                   engine=eng)
+                   checkpoint_dir=out / "checkpoints" if ckpt else None,
+                   checkpoint_every=ckpt or None,
+                   resume=resume, privacy=exp.privacy, engine=eng,
+                   callback=(lambda s, r: [c(s, r) for c in callbacks])
+                   if callbacks else None)
     if exp.callback is not None:  # its keys come after simulate wrote each line
         _write_atomic(out / "history.jsonl",
                       "".join(json.dumps(r) + "\n" for r in res.history))
@@ -241,7 +320,8 @@ def run_preset(name: str, overrides: Mapping[str, Any] | None = None, *,
     if exp.eval_mask is not None:
         cols["benign"] = np.asarray(exp.eval_mask).astype(int)
     write_csv(out / "clients.csv", cols)
-    files = ["config.json", "history.jsonl", "clients.csv", "checkpoints/"]
+    files = ["config.json", "history.jsonl", "clients.csv"] + (
+        ["checkpoints/"] if ckpt else [])
     if private:
         _write_atomic(out / "privacy.json", json.dumps(
             privacy_ledger(exp, [r["round"] for r in res.history]), indent=1))

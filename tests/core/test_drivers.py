@@ -43,6 +43,37 @@ def test_sweep_equals_separate_runs(data):
         np.testing.assert_allclose(got, want, atol=1e-5)
 
 
+@pytest.mark.parametrize("hparams", [{}, {"lr": [0.3, 1.0, 0.3]}])
+def test_sweep_over_seeds_equals_separate_runs(data, hparams):
+    seeds = [0, 7, 3]
+    keys = jax.vmap(jax.random.key)(jnp.asarray(seeds))
+    lrs = hparams.get("lr", [0.3] * 3)
+    states, hist = fp.sweep(lambda lr=0.3: make(lr), hparams, data, num_rounds=4,
+                            eval_every=2, key=keys)
+    finals = hist["global/test/accuracy/mean"][:, -1]
+    for i, (seed, lr) in enumerate(zip(seeds, lrs, strict=True)):
+        res = fp.simulate(make(lr), data, num_rounds=4, eval_every=2,
+                          key=jax.random.key(seed), progress=False)
+        chex.assert_trees_all_close(
+            jax.tree.map(lambda a: a[i], states.server.params),
+            res.state.server.params, atol=1e-5)
+        np.testing.assert_allclose(finals[i],
+                                   res.history[-1]["global/test/accuracy/mean"],
+                                   atol=1e-5)
+    first = jax.tree.leaves(states.server.params)[0]
+    assert not np.allclose(first[0], first[1])  # the seeds differ
+
+
+@pytest.mark.parametrize("hparams,key,match", [
+    ({}, jax.random.key(0), "hparams: give at least one"),
+    ({"lr": [0.1, 0.2]}, jax.vmap(jax.random.key)(jnp.arange(3)), "same length"),
+    ({}, jax.vmap(jax.random.key)(jnp.arange(4)).reshape(2, 2), "key: one key"),
+])
+def test_sweep_refuses_bad_seed_batches(data, hparams, key, match):
+    with pytest.raises(ValueError, match=match):
+        fp.sweep(lambda lr=0.1: make(lr), hparams, data, num_rounds=1, key=key)
+
+
 def test_sweep_rejects_ragged_hparams(data):
     with pytest.raises(ValueError, match="hparams"):
         fp.sweep(lambda lr, b: make(lr), {"lr": [0.1, 0.2], "b": [1.0]}, data,

@@ -331,7 +331,7 @@ def test_ditto_presets_a3_scale(tmp_path):
                                       out=tmp_path / s, progress=False)["final"][key]
             for s in ("0", "6", "1")}
     assert runs["0"] == runs["6"] and runs["1"] != runs["6"]
-    with pytest.raises(ValueError, match="a3_scale: only attack=A3"):
+    with pytest.raises(ValueError, match="a3_scale: has no effect unless attack is A3"):
         experiments.run_preset("ditto-synthetic", {**TINY, "attack": "A1",
                                                    "ratio": "0.5", "a3_scale": "2"},
                                out=tmp_path / "a1")
