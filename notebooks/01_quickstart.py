@@ -93,7 +93,7 @@ results = {name: fp.simulate(alg, fed, num_rounds=ROUNDS, eval_every=EVAL_EVERY,
 for name, res in results.items():
     last = res.history[-1]
     view = "personal" if name == "Ditto" else "global"
-    print(f"{name:7s} {view:8s} test accuracy: mean "
+    print(f"{name:7s} {view:8s} test accuracy: mean weighted by test examples "
           f"{last[f'{view}/test/accuracy/mean']:.3f}, worst 10 % "
           f"{last[f'{view}/test/accuracy/worst10']:.3f}, std "
           f"{last[f'{view}/test/accuracy/std']:.3f}")
@@ -102,9 +102,11 @@ for name, res in results.items():
 # ## Training curves
 #
 # `simulate` returns one history row per evaluation: for every model it
-# evaluates, split and metric, the mean over clients (weighted by test size),
-# the std and the worst / best 10 % of clients. Merging the two runs' rows lets
-# one figure compare them.
+# evaluates, split and metric, the mean over clients weighted by their numbers
+# of test examples (`.../mean`), the unweighted mean (`.../mean_unweighted`),
+# the std across clients (unweighted) and the unweighted means of the worst /
+# best 10 % of clients. Merging the two runs' rows lets one figure compare
+# them.
 
 # %%
 merged = [
@@ -119,7 +121,8 @@ plots.training_curves(
     merged,
     [["FedAvg global", "Ditto personal"],
      ["FedAvg global, worst 10 %", "Ditto personal, worst 10 %"]],
-    ylabels=["test accuracy: mean over clients", "test accuracy: worst 10 %"],
+    ylabels=["test accuracy\n(mean weighted by test examples)",
+             "test accuracy\n(worst 10 % of clients, unweighted mean)"],
     title="FedAvg's global model vs Ditto's personal models",
     path=png("01_training_curves.png"))
 
@@ -128,7 +131,10 @@ plots.training_curves(
 #
 # The history keeps only summaries; `plots.per_client_metric` re-evaluates the
 # final state exactly as `simulate` did (same key) and returns one value per
-# client. A CDF further to the right is better for more clients.
+# client. A CDF further to the right is better for more clients. Every client
+# counts once here (the legends give unweighted means), whereas the history's
+# `mean` weights the clients by their test examples: the two differ when the
+# large clients fare better or worse than the small ones.
 
 # %%
 per_client = {

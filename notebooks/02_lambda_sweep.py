@@ -90,10 +90,12 @@ hparams = {"lam": LAMS}
 states, history = fp.sweep(make, hparams, fed, num_rounds=ROUNDS,
                            eval_every=EVAL_EVERY, key=key, eval_mask=threat.benign,
                            splits=("test",), engine=fp.EngineConfig(unroll=False))
+print("benign clients' final test accuracy (mean weighted by test examples; "
+      "worst 10 % of clients)")
 for lam, mean, worst in zip(LAMS, history["personal/test/accuracy/mean"][:, -1],
                             history["personal/test/accuracy/worst10"][:, -1],
                             strict=True):
-    print(f"lam {lam:6.2f}: benign mean {mean:.3f}, worst 10 % {worst:.3f}")
+    print(f"lam {lam:6.2f}: mean {mean:.3f}, worst 10 % {worst:.3f}")
 
 # %% [markdown]
 # ## Accuracy against lambda, and every benign client's own curve
@@ -122,12 +124,17 @@ rows = [{"round": int(r), **{f"lam = {lam:g}": float(v[i, j]) for i, lam in
         for j, r in enumerate(history["round"])
         for v in [history["personal/test/accuracy/mean"]]]
 plots.training_curves(rows, [f"lam = {lam:g}" for lam in LAMS],
-                      ylabels="test accuracy, mean over benign clients",
+                      ylabels="benign clients' test accuracy\n"
+                      "(mean weighted by test examples)",
                       title="Ditto's personal models, one line per lambda",
                       path=png("02_curves.png"))
 
 # %% [markdown]
 # ## Global vs local (lam = 0) vs the best and the largest lambda, client by client
+#
+# The best lambda is the one with the highest final mean weighted by test
+# examples; the legends give each model's unweighted mean over the benign
+# clients.
 
 # %%
 best = int(np.nanargmax(history["personal/test/accuracy/mean"][:, -1]))

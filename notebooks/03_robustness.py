@@ -107,6 +107,8 @@ for attack in ATTACKS:
             if k not in cache:
                 cache[k] = benign_accuracy(method, attack, ratio)
             results[attack, method, ratio] = cache[k]
+print(f"benign clients' test accuracy (mean weighted by test examples) at the "
+      f"adversary ratios {RATIOS}:")
 for attack in ATTACKS:
     print(attack, {m: [round(results[attack, m, r][0], 3) for r in RATIOS]
                    for m in METHODS})
@@ -125,8 +127,8 @@ for attack in ATTACKS:
         RATIOS, {m: [results[attack, m, r][0] for r in RATIOS] for m in METHODS},
         title=f"attack {attack}: benign clients after {ROUNDS} rounds",
         path=png(f"03_{attack}.png"))
-    print(attack, "worst 10 %:", {m: [round(results[attack, m, r][1], 3)
-                                      for r in RATIOS] for m in METHODS})
+    print(attack, "worst 10 % of clients:",
+          {m: [round(results[attack, m, r][1], 3) for r in RATIOS] for m in METHODS})
 figs[ATTACKS[0]]
 
 # %%

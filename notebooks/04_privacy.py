@@ -98,12 +98,12 @@ dp_res = fp.simulate(dp_alg, fed, num_rounds=ROUNDS, eval_every=EVAL_EVERY, key=
 last = dp_res.history[-1]
 print(f"ran {dp_res.rounds_run} of {ROUNDS} rounds (stopped by the budget: "
       f"{dp_res.privacy_stopped}); epsilon {last['privacy/epsilon']:.3f}, "
-      f"test accuracy {last['global/test/accuracy/mean']:.3f}")
+      f"test accuracy {last['global/test/accuracy/mean']:.3f} (mean weighted by "
+      "test examples)")
 plots.training_curves(dp_res, [["global/test/accuracy/mean"], ["privacy/epsilon"]],
                       labels={"global/test/accuracy/mean": "DP-FedAvg global model",
                               "privacy/epsilon": f"epsilon (target {TARGET:g})"},
-                      ylabels=["test accuracy, mean over clients",
-                               f"epsilon at delta = {DELTA:g}"],
+                      ylabels=["test accuracy", f"epsilon at delta = {DELTA:g}"],
                       title=f"DP-FedAvg, sigma = {SIGMA:g}, C = {CLIP:g}, q = {Q}",
                       path=png("04_dp_fedavg.png"))
 
@@ -134,8 +134,9 @@ states, hist = fp.sweep(make_fedfdp, lams, fed, num_rounds=fdp_rounds, key=key,
                         splits=("test",))
 eps = privacy.epsilon(privacy.fedfdp_event(0.05, 2.0, fdp_rounds, 5.0), DELTA)
 for i, lam in enumerate(lams["lam"]):
-    print(f"lam {lam:g}: accuracy {hist['global/test/accuracy/mean'][i, -1]:.3f}, "
-          f"std {hist['global/test/accuracy/std'][i, -1]:.3f}, Psi(loss) "
+    print(f"lam {lam:g}: test accuracy {hist['global/test/accuracy/mean'][i, -1]:.3f}"
+          f" (mean weighted by test examples), std across clients "
+          f"{hist['global/test/accuracy/std'][i, -1]:.3f}, Psi(loss) "
           f"{hist['global/test/loss/psi'][i, -1]:.4f}")
 print(f"epsilon of either run after {fdp_rounds} rounds: {eps:.2f} at delta "
       f"{DELTA:g}")

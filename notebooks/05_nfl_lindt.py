@@ -77,8 +77,8 @@ private_acc = experiments.private_accuracy(
     num_local_steps=LOCAL_STEPS, num_rounds=1 if SMOKE else 20,
     eval_every=1 if SMOKE else 5)
 benign = threat.benign > 0
-print(f"private models: mean test accuracy {np.nanmean(private_acc[benign]):.3f} "
-      "over benign clients")
+print(f"private models: test accuracy {np.nanmean(private_acc[benign]):.3f} "
+      "(unweighted mean over benign clients)")
 
 # %% [markdown]
 # ## FedAvg (detector on, no recovery) vs LINDT
@@ -86,9 +86,9 @@ print(f"private models: mean test accuracy {np.nanmean(private_acc[benign]):.3f}
 # `algorithms.lindt(mode='off')` is FedAvg with the paper's DP and the NFL
 # detector; `mode='detect'` runs FedAvg until the detector fires, then switches
 # every client to the dual model. Every round's metrics carry `nfl/delta` and
-# `nfl/detected`; `metrics.gain_callback` adds `nfl/beta` (in percent, over the
-# benign clients) to every history row. We evaluate every round to see `Delta`
-# round by round.
+# `nfl/detected`; `metrics.gain_callback` adds `nfl/beta` (in percentage points,
+# an unweighted mean over the benign clients) to every history row. We evaluate
+# every round to see `Delta` round by round.
 
 # %%
 runs, histories = {}, {}
@@ -106,7 +106,8 @@ for name, mode in MODES.items():
     last = res.history[-1]
     rounds = [r["round"] for r in res.history if r.get("nfl/detected")]
     print(f"{name}: beta {last['nfl/beta']:+.2f} points, deployed accuracy "
-          f"{last['nfl/local_acc']:.1f} %, NFL detected at round "
+          f"{last['nfl/local_acc']:.1f} % (unweighted means over benign clients), "
+          "NFL detected at round "
           f"{rounds[0] if rounds else None}")
 
 # %% [markdown]
@@ -135,7 +136,8 @@ gains = [{"round": rows[0]["round"], **{name: row["nfl/beta"] for name, row in
                                         zip(histories, rows, strict=True)}}
          for rows in zip(*histories.values(), strict=True)]
 plots.training_curves(gains, list(histories),
-                      ylabels="beta = deployed - private accuracy (points)",
+                      ylabels="beta = deployed - private accuracy\n"
+                      "(points, unweighted mean)",
                       title="gain over the private models, benign clients",
                       path=png("05_beta.png"))
 
