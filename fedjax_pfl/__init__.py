@@ -9,6 +9,7 @@ from . import metrics as metrics
 from . import models as models
 from . import plots as plots
 from . import privacy as privacy
+from . import tracking as tracking
 from .core import Algorithm as Algorithm
 from .core import AlgorithmState as AlgorithmState
 from .core import EngineConfig as EngineConfig

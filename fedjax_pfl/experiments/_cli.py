@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import sys
+from pathlib import Path
 
 
 def _demo_parser(sub) -> None:
@@ -26,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="fedjax-pfl",
         description="JAX-vectorized simulator for personalized federated learning. "
                     "Without a command, runs the demo.")
+    parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command")
     _demo_parser(sub)
     _preset_parsers(sub)
@@ -33,33 +35,90 @@ def main(argv: list[str] | None = None) -> int:
     ds.add_argument("--data-dir", default=None,
                     help="default: $FEDJAX_PFL_DATA_DIR")
     argv = sys.argv[1:] if argv is None else list(argv)
-    if not argv or argv[0] not in (*sub.choices, "-h", "--help"):
+    if not argv or argv[0] not in (*sub.choices, "-h", "--help", "--version"):
         argv = ["demo", *argv]  # options without a command go to the demo
     args = parser.parse_args(argv)
     if args.command == "datasets":
         return _datasets(args.data_dir)
-    if args.command == "list":
-        return _list(args.preset)
-    if args.command == "run":
-        return _run(args)
+    try:
+        if args.command in ("list", "run"):
+            _load_preset_files(args.preset_file)
+        if args.command == "list":
+            return _list(args.preset)
+        if args.command == "run":
+            return _run(args)
+        if args.command == "report":
+            return _report(args)
+    except ValueError as e:
+        raise SystemExit(f"fedjax-pfl {args.command}: {e}") from None
     return _demo(args)
 
 
+def _version() -> str:
+    import fedjax_pfl
+
+    return f"fedjax-pfl {fedjax_pfl.__version__}"
+
+
+def _load_preset_files(paths) -> None:
+    from ._registry import load_preset_file
+
+    env = os.environ.get("FEDJAX_PFL_PRESETS", "")
+    for path in [*filter(None, env.split(os.pathsep)), *(paths or ())]:
+        load_preset_file(path)
+
+
 def _preset_parsers(sub) -> None:
+    preset_file = dict(action="append", default=[], metavar="FILE.py",
+                       help="a Python file that registers presets of your own "
+                            "(experiments.register_preset); repeatable; also "
+                            "$FEDJAX_PFL_PRESETS (paths separated by "
+                            f"{os.pathsep!r})")
     ls = sub.add_parser("list", help="the papers' experiment presets (with a name: "
                                      "its keys, defaults and allowed values)")
     ls.add_argument("preset", nargs="?", default=None)
-    run = sub.add_parser("run", help="run a preset into a run directory (config, "
-                                     "history.jsonl, clients.csv, plots, checkpoints)")
-    run.add_argument("preset")
+    ls.add_argument("--preset-file", **preset_file)
+    run = sub.add_parser(
+        "run", help="run a preset into a run directory (config, history.jsonl, "
+                    "clients.csv, plots, checkpoints); with --seeds or a list of "
+                    "values, a study of every combination")
+    run.add_argument("preset", nargs="?", default=None,
+                     help="the preset (or `preset` in --config)")
+    run.add_argument("--config", metavar="FILE",
+                     help="a TOML or YAML file: preset, seeds, out and a [set] table "
+                          "of key = value (a list of values: a grid); --set and "
+                          "--seeds override it")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                     help="override a key (repeatable); `fedjax-pfl list PRESET` "
-                          "lists them")
-    run.add_argument("--out", default=None, help="run directory (default: "
-                     "runs/<preset>)")
+                     help="override a key (repeatable); KEY=a,b,c runs each value "
+                          "(a study); `fedjax-pfl list PRESET` lists the keys")
+    run.add_argument("--seeds", metavar="SEEDS",
+                     help="run every setting for these seeds, e.g. 0-4 or 0,2,7 "
+                          "(a study)")
+    run.add_argument("--checkpoint-every", type=int, metavar="N",
+                     help="rounds between checkpoints, a multiple of eval_every "
+                          "(0: no checkpoints); the key checkpoint_every")
+    run.add_argument("--out", default=None, help="run or study directory "
+                     "(default: runs/<preset>, or runs/<preset>-study)")
     run.add_argument("--resume", action="store_true",
-                     help="continue the run in --out from its last checkpoint")
-    run.add_argument("--quiet", action="store_true", help="no progress bar")
+                     help="continue the run (or study) in --out from its last "
+                          "checkpoint")
+    run.add_argument("--quiet", action="store_true",
+                     help="no progress bar: one log line per evaluation instead")
+    run.add_argument("--tensorboard", metavar="DIR",
+                     help="also write TensorBoard scalars here (a folder per run "
+                          "in a study); needs the tensorboard extra")
+    run.add_argument("--wandb", metavar="PROJECT",
+                     help="also log to this Weights & Biases project; needs the "
+                          "wandb extra")
+    run.add_argument("--preset-file", **preset_file)
+    rep = sub.add_parser("report", help="mean +- std and a 95 %% interval across "
+                                        "seeds of every metric, per setting, of "
+                                        "studies or runs")
+    rep.add_argument("dirs", nargs="+", metavar="DIR",
+                     help="study directories, run directories or folders of runs")
+    rep.add_argument("--out", default=None,
+                     help="write report.md, report.csv and report.png/pdf here "
+                          "(default: DIR when one is given)")
 
 
 def _list(name) -> int:
@@ -81,6 +140,8 @@ def _list(name) -> int:
     print(f"{p.name}: {p.paper}\n  {p.summary}")
     if p.scaled:
         print(f"  scaled for CPU: {p.scaled}")
+    if p.cost:
+        print(f"  cost on 2 CPU cores at the defaults: {p.cost}")
     if p.needs:
         print(f"  reads from $FEDJAX_PFL_DATA_DIR: {', '.join(p.needs)}")
     for k, key in p.keys.items():
@@ -90,18 +151,120 @@ def _list(name) -> int:
 
 
 def _run(args) -> int:
-    from ._config import parse_sets
-    from ._run import format_final, run_preset
+    from ._config import load_config, parse_sets
+    from ._run import format_final, get_preset, run_preset
+    from ._study import parse_seeds, run_study, split_grid
 
+    file = load_config(args.config) if args.config else {}
+    preset = args.preset or file.get("preset")
+    if preset is None:
+        raise ValueError("preset: name one (`fedjax-pfl list` shows them), or "
+                         "give `preset` in --config")
+    if args.preset and file.get("preset") not in (None, args.preset):
+        raise ValueError(f"preset: {args.preset!r} on the command line, "
+                         f"{file['preset']!r} in {args.config}")
+    get_preset(preset)
+    grid = {k: v if isinstance(v, list) else [v]
+            for k, v in file.get("set", {}).items()}
+    grid.update(split_grid(preset, parse_sets(args.set)))
+    if args.checkpoint_every is not None:
+        grid["checkpoint_every"] = [args.checkpoint_every]
+    seeds_given = args.seeds if args.seeds is not None else file.get("seeds")
+    study = seeds_given is not None or any(len(v) > 1 for v in grid.values())
+    out = args.out or file.get("out") or (f"runs/{preset}-study" if study
+                                          else f"runs/{preset}")
+    if study:
+        seeds = parse_seeds(seeds_given if seeds_given is not None else "0")
+        res = _interruptible(lambda: run_study(
+            preset, grid, seeds=seeds, out=out, resume=args.resume,
+            progress=not args.quiet, callback=_callbacks(args, preset, nested=True)),
+            out)
+        if isinstance(res, int):
+            return res
+        print(res["report"]["markdown"])
+        print(f"wrote {len(res['runs'])} runs and "
+              f"{', '.join(res['report']['files'])} under {out}")
+        return 0
+    overrides = {k: v[0] for k, v in grid.items()}
+    cb = _callbacks(args, preset, nested=False)({"dir": ".", "overrides": overrides})
     try:
-        overrides = parse_sets(args.set)
-        out = args.out or f"runs/{args.preset}"
-        result = run_preset(args.preset, overrides, out=out, resume=args.resume,
-                            progress=not args.quiet)
-    except ValueError as e:
-        raise SystemExit(f"fedjax-pfl run: {e}") from None
+        result = _interruptible(lambda: run_preset(
+            preset, overrides, out=out, resume=args.resume, progress=not args.quiet,
+            callback=cb), out)
+    finally:
+        if cb is not None:
+            cb.close()
+    if isinstance(result, int):
+        return result
     print(format_final(result))
     print(f"wrote {', '.join(result['files'])} under {out}")
+    return 0
+
+
+def _interruptible(fn, out):
+    """``fn()``, or the exit status 130 and a one-line message when SIGINT or
+    SIGTERM stopped it."""
+    from fedjax_pfl import Interrupted
+
+    try:
+        return fn()
+    except Interrupted as e:
+        print(f"fedjax-pfl run: {e.message().replace('resume (--resume)', '--resume')}"
+              f" (the run in {out})", file=sys.stderr)
+    except KeyboardInterrupt:
+        print(f"fedjax-pfl run: interrupted; `--resume` continues the run in {out} "
+              "from its last checkpoint, if it wrote one", file=sys.stderr)
+    return 130
+
+
+def _callbacks(args, preset, nested):
+    """``run -> simulate callback``: the per-evaluation log line (on stderr with
+    --quiet, else in the run directory's log.txt) and the trackers asked for."""
+    from fedjax_pfl import tracking
+
+    def make(run):
+        out = Path(args.out or f"runs/{preset}" + ("-study" if nested else ""))
+        run_dir = out / run["dir"]
+        stream = sys.stderr if args.quiet else _LazyFile(run_dir / "log.txt")
+        writers = [tracking.LogWriter(stream)]
+        if args.tensorboard:
+            writers.append(tracking.TensorBoardWriter(
+                Path(args.tensorboard) / run["dir"] if nested else args.tensorboard))
+        if args.wandb:
+            writers.append(tracking.WandbWriter(
+                args.wandb, config={"preset": preset, **run["overrides"],
+                                    **({"seed": run["seed"]} if nested else {})},
+                name=f"{preset}/{run['dir']}" if nested else preset))
+        return tracking.combine(*writers)
+    return make
+
+
+class _LazyFile:
+    """A text stream appending each write to ``path`` (created at the first
+    write, so nothing exists before the run's checks pass; nothing to close)."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+
+    def write(self, text):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a") as fh:
+            fh.write(text)
+
+    def flush(self):
+        pass
+
+
+def _report(args) -> int:
+    from ._study import study_report
+
+    out = args.out or (args.dirs[0] if len(args.dirs) == 1 else None)
+    if out is None:
+        raise ValueError("--out: name where the report goes when several DIRs "
+                         "are given")
+    res = study_report(args.dirs, out=out)
+    print(res["markdown"])
+    print(f"wrote {', '.join(res['files'])} under {out}")
     return 0
 
 

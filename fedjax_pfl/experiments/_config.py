@@ -230,6 +230,56 @@ def attack_needs_ratio(attack: str = "attack", ratio: str = "ratio"):
     return rule
 
 
+CONFIG_KEYS = ("preset", "seeds", "out", "set")
+
+
+def load_config(path) -> dict[str, Any]:
+    """A run or study from a TOML (``.toml``) or YAML (``.yaml``/``.yml``) file::
+
+        preset = "ditto-synthetic"
+        seeds = "0-4"              # or [0, 1, 2]; optional
+        out = "runs/my-study"      # optional
+        [set]
+        rounds = 100
+        method = ["ditto", "global"]   # a list of values: one run each
+
+    Returns the mapping (``set`` values typed as written). Raises
+    ``ValueError`` naming the file and what is wrong."""
+    import os
+
+    if not isinstance(path, (str, os.PathLike)) or not os.path.isfile(path):
+        raise ValueError(f"config: {path!r} is not a file")
+    text = open(path, encoding="utf-8").read()
+    suffix = os.path.splitext(os.fspath(path))[1].lower()
+    if suffix not in (".toml", ".yaml", ".yml"):
+        raise ValueError(f"config: {path} must end in .toml, .yaml or .yml")
+    try:
+        if suffix == ".toml":
+            import tomllib
+
+            cfg = tomllib.loads(text)
+        else:
+            import yaml
+
+            cfg = yaml.safe_load(text) or {}
+    except Exception as e:  # the parsers' own errors, with line numbers
+        raise ValueError(f"config: {path} cannot be read: {e}") from None
+    if not isinstance(cfg, Mapping):
+        raise ValueError(f"config: {path} must hold a table of settings")
+    unknown = sorted(set(cfg) - set(CONFIG_KEYS))
+    if unknown:
+        raise ValueError(f"config: {path} has unknown entries {unknown}; allowed: "
+                         f"{', '.join(CONFIG_KEYS)} (preset keys go in [set])")
+    if not isinstance(cfg.get("set", {}), Mapping):
+        raise ValueError(f"config: {path}: `set` must be a table of key = value")
+    for k, v in cfg.get("set", {}).items():
+        if isinstance(v, (Mapping, list)) and (isinstance(v, Mapping) or any(
+                isinstance(x, (Mapping, list)) for x in v)):
+            raise ValueError(f"config: {path}: set.{k} must be a value or a list "
+                             f"of values, got {v!r}")
+    return dict(cfg)
+
+
 def parse_sets(items: list[str] | None) -> dict[str, str]:
     """``['a=1', 'b=x']`` -> ``{'a': '1', 'b': 'x'}``; rejects malformed items."""
     out = {}

@@ -153,34 +153,34 @@ def write_csv(path: Path, cols: Mapping[str, np.ndarray]) -> None:
 
 
 def make_plots(out: Path, history, cols, views, name: str, mask=None) -> list[str]:
-    """Training curves and the per-client accuracy distribution (PNG)."""
+    """Training curves, LINDT's Delta and beta when recorded, and the
+    per-client accuracy distribution, each as a 300-dpi PNG and a PDF."""
     try:
         from fedjax_pfl import plots
     except ImportError:  # matplotlib is an optional extra
         return []
     made = []
+
+    def save(fn, stem, *args, **kwargs):
+        fn(*args, path=out / "plots" / f"{stem}.png", formats=("png", "pdf"),
+           **kwargs)
+        made.extend([f"plots/{stem}.png", f"plots/{stem}.pdf"])
+
     keys = [f"{v}/test/accuracy/{s}" for v in views for s in ("mean", "worst10")
             if f"{v}/test/accuracy/{s}" in history[-1]]
+    who = "benign clients" if mask is not None else "all clients"
     if keys:
-        who = "benign clients" if mask is not None else "all clients"
-        plots.training_curves(
-            history, keys=keys, ylabels="test accuracy",
-            labels={k: f"{k.split('/')[0]} {k.split('/')[-1]}" for k in keys},
-            title=f"{name}: test accuracy over {who} (mean, worst 10 %)",
-            path=out / "plots" / "curves.png")
-        made.append("plots/curves.png")
+        save(plots.training_curves, "curves", history, keys=keys,
+             ylabels="test accuracy", title=f"{name}: test accuracy over {who}")
     if "nfl/delta" in history[-1] or "nfl/beta" in history[-1]:
-        plots.nfl_curves(history, title=f"{name}: Delta and gain beta",
-                         path=out / "plots" / "nfl.png")
-        made.append("plots/nfl.png")
+        save(plots.nfl_curves, "nfl", history,
+             title=f"{name}: $\\Delta$ and gain $\\beta$")
     acc = {v: cols[f"{v}/test/accuracy"] for v in views
            if f"{v}/test/accuracy" in cols}
     if acc:
-        plots.client_accuracy_distribution(
-            acc, mask=mask, title=f"{name}: final test accuracy per client"
-            + (" (benign)" if mask is not None else ""),
-            path=out / "plots" / "clients.png")
-        made.append("plots/clients.png")
+        save(plots.client_accuracy_distribution, "clients", acc, mask=mask,
+             title=f"{name}: final test accuracy per client"
+             + (" (benign)" if mask is not None else ""))
     return made
 
 
