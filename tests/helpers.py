@@ -42,3 +42,16 @@ def rows_changed(old, new):
     return np.any(np.stack([np.asarray(jnp.any(
         (a != b).reshape(a.shape[0], -1), axis=1))
         for a, b in zip(jax.tree.leaves(old), jax.tree.leaves(new))]), axis=0)
+
+
+def small_ditto():
+    """A small Ditto run on FedProx Synthetic(1, 1) (8 clients, logistic
+    regression), shared by the driver tests: ``(data, algorithm)``."""
+    from fedjax_pfl import algorithms, models
+    from fedjax_pfl import data as fdata
+
+    data = fdata.fedprox_synthetic(1.0, 1.0, num_clients=8, max_size=40, min_size=8)
+    alg = algorithms.ditto(models.logistic_regression((60,), 10), lam=0.5,
+                           client_lr=0.1, num_local_steps=2, batch_size=4,
+                           cohort_size=3)
+    return data, alg

@@ -123,7 +123,7 @@ def _preset_parsers(sub) -> None:
 
 def _list(name) -> int:
     from ._presets import PRESETS
-    from ._run import get_preset
+    from ._run import get_preset, preset_cost
 
     if name is None:
         width = max(map(len, PRESETS))
@@ -140,8 +140,7 @@ def _list(name) -> int:
     print(f"{p.name}: {p.paper}\n  {p.summary}")
     if p.scaled:
         print(f"  scaled for CPU: {p.scaled}")
-    if p.cost:
-        print(f"  cost on 2 CPU cores at the defaults: {p.cost}")
+    print(f"  cost at the defaults: {preset_cost(p) or 'not measured yet'}")
     if p.needs:
         print(f"  reads from $FEDJAX_PFL_DATA_DIR: {', '.join(p.needs)}")
     for k, key in p.keys.items():

@@ -31,6 +31,19 @@ from ._presets import PRESETS
 from ._registry import engine
 
 SPLITS = ("test",)
+# Each preset's measured time and peak memory at its defaults, written by
+# benchmarks/preset_cost.py --write-package (shown by `fedjax-pfl list`).
+COSTS_FILE = Path(__file__).with_name("preset_costs.json")
+
+
+def preset_cost(preset: Preset) -> str:
+    """The measured cost of a run of ``preset`` at its defaults, or ``''``."""
+    if preset.cost:
+        return preset.cost
+    try:
+        return json.loads(COSTS_FILE.read_text()).get(preset.name, "")
+    except (OSError, ValueError):
+        return ""
 
 
 def get_preset(name: str) -> Preset:
@@ -40,8 +53,17 @@ def get_preset(name: str) -> Preset:
     return PRESETS[name]
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def _write_atomic(path: Path, text: str) -> None:
+    """Writes ``text`` to ``path`` through a temporary file and a rename, with
+    the permissions of a plainly created file (mkstemp's are 0600)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.fchmod(fd, 0o666 & ~_umask())
     with os.fdopen(fd, "w", newline="") as fh:
         fh.write(text)
     os.replace(tmp, path)
@@ -335,7 +357,9 @@ def run_experiment(exp: Experiment, out: str | os.PathLike, *,
 def format_final(result: dict) -> str:
     """A table of the final test accuracy summaries of the run's views."""
     row = result["final"]
-    lines = [f"{'model':<12}{'mean':>8}{'std':>8}{'worst10':>9}{'best10':>8}"]
+    lines = ["final test accuracy: mean weighted by test examples; std, worst10 "
+             "and best10 over clients, unweighted",
+             f"{'model':<12}{'mean':>8}{'std':>8}{'worst10':>9}{'best10':>8}"]
     for v in result["views"]:
         k = f"{v}/test/accuracy"
         if f"{k}/mean" in row:

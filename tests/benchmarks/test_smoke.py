@@ -357,3 +357,25 @@ def test_ditto_vehicle_smoke(tmp_path):
         assert r["round"] == 2 and 0.0 <= r["accuracy_mean"] <= 1.0
         assert r["config"]["seed"] == 0 and r["git_sha"]
     assert "| Ditto, lam=1 |" in mod.report(str(out))
+
+
+def test_preset_cost_smoke(tmp_path, capsys):
+    mod = _load("preset_cost")
+    out = tmp_path / "c.jsonl"
+    tiny = ["clients=12", "max_size=60", "rounds=2", "eval_every=2",
+            "local_steps=2", "batch_size=5", "cohort_size=4"]
+    mod.main(["--presets", "ditto-synthetic", *[f"--set={s}" for s in tiny],
+              "--out", str(out)])
+    rec = json.loads(out.read_text())
+    assert rec["returncode"] == 0, rec["stderr_tail"]
+    assert rec["seconds"] > 0 and 0.05 < rec["peak_rss_gib"] < 24
+    assert rec["git_sha"] and rec["cpu_count"] == os.cpu_count()
+    # smoke records (with --set) never reach the package's costs
+    pkg = tmp_path / "costs.json"
+    mod.main(["--write-package", str(out), "--package-file", str(pkg)])
+    assert json.loads(pkg.read_text()) == {}
+    rec["sets"] = []
+    out.write_text(json.dumps(rec) + "\n")
+    mod.main(["--write-package", str(out), "--package-file", str(pkg)])
+    line = json.loads(pkg.read_text())["ditto-synthetic"]
+    assert f"on {os.cpu_count()} CPU cores" in line and "GiB" in line

@@ -74,6 +74,16 @@ def test_sweep_refuses_bad_seed_batches(data, hparams, key, match):
         fp.sweep(lambda lr=0.1: make(lr), hparams, data, num_rounds=1, key=key)
 
 
+def test_the_progress_bar_says_compiling_then_shows_the_last_evaluation(data, capsys):
+    res = fp.simulate(make(0.1), data, num_rounds=4, eval_every=2,
+                      key=jax.random.key(0), progress=True)
+    err = capsys.readouterr().err
+    assert "compiling" in err.split("\r")[1]  # the bar's first line
+    last = err.rstrip().split("\r")[-1]  # the bar as closed
+    assert "4/4" in last and "compiling" not in last
+    assert f"global={res.history[-1]['global/test/accuracy/mean']:.3f}" in last
+
+
 def test_sweep_rejects_ragged_hparams(data):
     with pytest.raises(ValueError, match="hparams"):
         fp.sweep(lambda lr, b: make(lr), {"lr": [0.1, 0.2], "b": [1.0]}, data,

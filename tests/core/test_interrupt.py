@@ -16,25 +16,27 @@ import textwrap
 
 import jax
 import pytest
+from helpers import small_ditto
 
 import fedjax_pfl as fp
-from fedjax_pfl import algorithms, models
-from fedjax_pfl import data as fdata
 from fedjax_pfl.core import _checkpoint, _drivers
 
-MODEL = models.logistic_regression((60,), 10)
 RUN = dict(num_rounds=8, eval_every=2, key=jax.random.key(3), progress=False)
 
 
 @pytest.fixture(scope="module")
-def data():
-    return fdata.fedprox_synthetic(1.0, 1.0, num_clients=8, max_size=40, min_size=8)
+def setup():
+    return small_ditto()
 
 
 @pytest.fixture(scope="module")
-def alg():
-    return algorithms.ditto(MODEL, lam=0.5, client_lr=0.1, num_local_steps=2,
-                            batch_size=4, cohort_size=3)
+def data(setup):
+    return setup[0]
+
+
+@pytest.fixture(scope="module")
+def alg(setup):
+    return setup[1]
 
 
 @pytest.fixture(scope="module")

@@ -246,6 +246,16 @@ def test_a_preset_of_ones_own_from_a_file(tmp_path, capsys, monkeypatch):
             "x", "", "", "", {}, lambda cfg: None))
 
 
+def test_run_files_have_the_permissions_of_plain_files(study):
+    out, _ = study
+    mask = os.umask(0)
+    os.umask(mask)
+    run = out / "method=ditto" / "seed0"
+    for path in (out / "study.json", out / "report.md", run / "config.json",
+                 run / "clients.csv", run / "history.jsonl"):
+        assert path.stat().st_mode & 0o777 == 0o666 & ~mask, path
+
+
 def test_version(capsys):
     import fedjax_pfl
 
