@@ -331,8 +331,8 @@ def _report_figure(rows, out: Path) -> list[str]:
     settings = list(dict.fromkeys(r["setting"] for r in acc))
     views = list(dict.fromkeys(r["metric"].split("/")[0] for r in acc))
     colors = plots.model_colors(views)
-    fig = Figure(figsize=(max(4.0, 1.0 + 0.9 * len(settings) * len(views) ** 0.5),
-                          3.2))
+    fig = Figure(figsize=(max(4.5, 2.0 + 0.9 * len(settings) * len(views) ** 0.5),
+                          3.4), layout="constrained")
     ax = fig.add_subplot()
     width = 0.8 / len(views)
     for j, v in enumerate(views):
@@ -348,12 +348,13 @@ def _report_figure(rows, out: Path) -> list[str]:
                color=colors[v], label=v)
     ax.set_xticks(range(len(settings)), settings, rotation=20 if len(settings) > 3
                   else 0, ha="right" if len(settings) > 3 else "center")
-    lo = min(r["ci_low"] if not math.isnan(r["ci_low"]) else r["mean"] for r in acc)
-    ax.set_ylim(max(0.0, lo - 0.05), min(1.0, max(r["mean"] for r in acc) + 0.05))
-    ax.set_ylabel("test accuracy\n(mean weighted by test examples)")
+    lo = min(r["mean"] if math.isnan(r["ci_low"]) else r["ci_low"] for r in acc)
+    hi = max(r["mean"] if math.isnan(r["ci_high"]) else r["ci_high"] for r in acc)
+    ax.set_ylim(max(0.0, lo - 0.05), min(1.0, hi + 0.02))
+    ax.set_ylabel("test accuracy\n(mean weighted by test examples)", fontsize=9)
     seeds = sorted({r["n"] for r in acc})
-    ax.set_title(f"final test accuracy, mean and 95 % interval over "
-                 f"{'/'.join(map(str, seeds))} seeds", fontsize=10)
-    ax.legend(fontsize=8)
+    ax.set_title(f"final test accuracy: mean and 95 % interval\nover "
+                 f"{'/'.join(map(str, seeds))} seeds", fontsize=9)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     plots.save_figure(fig, out / "report.png", formats=("png", "pdf"))
     return ["report.png", "report.pdf"]
