@@ -14,6 +14,7 @@ from ._run import get_preset as get_preset
 from ._run import provenance as provenance
 from ._run import run_experiment as run_experiment
 from ._run import run_preset as run_preset
+from ._study import across_seeds as across_seeds
 from ._study import parse_seeds as parse_seeds
 from ._study import run_study as run_study
 from ._study import study_report as study_report

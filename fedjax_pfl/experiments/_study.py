@@ -222,6 +222,22 @@ def t_quantile(df: int) -> float:
     return float(stats.t.ppf(0.975, df))
 
 
+def across_seeds(values) -> dict[str, float]:
+    """``{'n', 'mean', 'std', 'ci_low', 'ci_high'}`` of one value per seed: the
+    std with ddof 1 and the 95 % interval ``mean +- t(0.975, n - 1) std /
+    sqrt(n)`` (NaN for one seed); e.g. of a ``sweep`` over seeds' final
+    accuracies ``hist[name][:, -1]``."""
+    v = np.asarray(values, float)
+    if v.ndim != 1 or v.size == 0:
+        raise ValueError(f"values: one number per seed (a non-empty 1-D array), got "
+                         f"shape {v.shape}")
+    n, mean = v.size, float(v.mean())
+    std = float(v.std(ddof=1)) if n > 1 else math.nan
+    half = t_quantile(n - 1) * std / math.sqrt(n) if n > 1 else math.nan
+    return {"n": n, "mean": mean, "std": std, "ci_low": mean - half,
+            "ci_high": mean + half}
+
+
 def study_report(dirs: Sequence[str | os.PathLike],
                  out: str | os.PathLike | None = None) -> dict:
     """Mean, std (across seeds, ddof 1) and a 95 % t interval of every numeric
@@ -268,13 +284,8 @@ def study_report(dirs: Sequence[str | os.PathLike],
                           if k not in SKIP and isinstance(v, (int, float))
                           and not isinstance(v, bool)})
         for m in metrics:
-            vals = np.array([r["row"][m] for r in rs if m in r["row"]], float)
-            n = len(vals)
-            mean = float(vals.mean())
-            std = float(vals.std(ddof=1)) if n > 1 else math.nan
-            half = t_quantile(n - 1) * std / math.sqrt(n) if n > 1 else math.nan
-            rows.append({"setting": label, "metric": m, "n": n, "mean": mean,
-                         "std": std, "ci_low": mean - half, "ci_high": mean + half,
+            rows.append({"setting": label, "metric": m,
+                         **across_seeds([r["row"][m] for r in rs if m in r["row"]]),
                          "seeds": sorted(r["seed"] for r in rs if m in r["row"])})
     md = format_report(rows)
     files = []

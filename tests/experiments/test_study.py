@@ -36,6 +36,19 @@ def test_parse_seeds_refuses(text):
         experiments.parse_seeds(text)
 
 
+def test_across_seeds():
+    got = experiments.across_seeds([0.5, 0.7, 0.6])
+    half = 4.30265273 * 0.1 / math.sqrt(3)  # t(0.975, 2) * std / sqrt(n)
+    assert got["n"] == 3 and got["mean"] == pytest.approx(0.6)
+    assert got["std"] == pytest.approx(0.1)
+    assert got["ci_low"] == pytest.approx(0.6 - half, rel=1e-6)
+    assert got["ci_high"] == pytest.approx(0.6 + half, rel=1e-6)
+    one = experiments.across_seeds([0.5])
+    assert one["mean"] == 0.5 and math.isnan(one["std"]) and math.isnan(one["ci_low"])
+    with pytest.raises(ValueError, match="values: one number per seed"):
+        experiments.across_seeds([[0.5]])
+
+
 def test_grid_values_split_on_commas_except_free_text():
     assert _study.split_grid("ditto-synthetic", {"method": "ditto,global",
                                                  "lam": "0.1, 1"}) == {
