@@ -169,6 +169,11 @@ def _run(args) -> int:
     if args.checkpoint_every is not None:
         grid["checkpoint_every"] = [args.checkpoint_every]
     seeds_given = args.seeds if args.seeds is not None else file.get("seeds")
+    if len(grid.get("seed", ())) > 1:  # --set seed=0,1,2 is --seeds 0,1,2
+        if seeds_given is not None:
+            raise ValueError("seeds: give them with --seeds (or seeds in --config) "
+                             "or as --set seed=a,b, not both")
+        seeds_given = ",".join(map(str, grid.pop("seed")))
     study = seeds_given is not None or any(len(v) > 1 for v in grid.values())
     out = args.out or file.get("out") or (f"runs/{preset}-study" if study
                                           else f"runs/{preset}")

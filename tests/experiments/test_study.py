@@ -200,6 +200,14 @@ def test_config_files_toml_and_yaml_with_overrides(tmp_path, capsys):
     study = json.loads((tmp_path / "from-toml" / "study.json").read_text())
     assert [r["dir"] for r in study["runs"]] == ["default/seed0", "default/seed1"]
     assert study["grid"]["method"] == ["global"]
+    with pytest.raises(SystemExit, match="seeds: give them with --seeds"):
+        main(["run", "--config", str(toml), "--set", "seed=3,4", "--quiet"])
+    # --set seed=a,b is --seeds a,b
+    out = tmp_path / "seeds-by-set"
+    assert main(["run", "--config", str(yaml), "--set", "seed=3,4", "--out",
+                 str(out), "--quiet"]) == 0
+    study = json.loads((out / "study.json").read_text())
+    assert study["seeds"] == [3, 4] and "seed" not in study["grid"]
     out = tmp_path / "from-yaml"
     assert main(["run", "--config", str(yaml), "--out", str(out), "--quiet"]) == 0
     cfg = json.loads((out / "config.json").read_text())
