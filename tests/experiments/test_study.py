@@ -135,6 +135,7 @@ def test_a_study_runs_every_setting_and_seed_and_reports(study):
     assert again["rows"] == res["report"]["rows"]
 
 
+@pytest.mark.slow  # 12 tiny runs; keeps the default suite near its 10 minutes
 def test_an_interrupted_study_resumes_as_a_whole(tmp_path, study):
     ref_out, _ = study
     out = tmp_path / "s"
