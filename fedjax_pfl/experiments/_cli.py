@@ -181,7 +181,8 @@ def _run(args) -> int:
         seeds = parse_seeds(seeds_given if seeds_given is not None else "0")
         res = _interruptible(lambda: run_study(
             preset, grid, seeds=seeds, out=out, resume=args.resume,
-            progress=not args.quiet, callback=_callbacks(args, preset, nested=True)),
+            progress=not args.quiet,
+            callback=_callbacks(args, preset, out, nested=True)),
             out)
         if isinstance(res, int):
             return res
@@ -190,7 +191,8 @@ def _run(args) -> int:
               f"{', '.join(res['report']['files'])} under {out}")
         return 0
     overrides = {k: v[0] for k, v in grid.items()}
-    cb = _callbacks(args, preset, nested=False)({"dir": ".", "overrides": overrides})
+    cb = _callbacks(args, preset, out, nested=False)({"dir": ".",
+                                                      "overrides": overrides})
     try:
         result = _interruptible(lambda: run_preset(
             preset, overrides, out=out, resume=args.resume, progress=not args.quiet,
@@ -221,14 +223,13 @@ def _interruptible(fn, out):
     return 130
 
 
-def _callbacks(args, preset, nested):
+def _callbacks(args, preset, out, nested):
     """``run -> simulate callback``: the per-evaluation log line (on stderr with
     --quiet, else in the run directory's log.txt) and the trackers asked for."""
     from fedjax_pfl import tracking
 
     def make(run):
-        out = Path(args.out or f"runs/{preset}" + ("-study" if nested else ""))
-        run_dir = out / run["dir"]
+        run_dir = Path(out) / run["dir"]
         stream = sys.stderr if args.quiet else _LazyFile(run_dir / "log.txt")
         writers = [tracking.LogWriter(stream)]
         if args.tensorboard:
