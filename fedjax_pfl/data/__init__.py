@@ -33,6 +33,7 @@ from ._partition import iid_indices as iid_indices
 from ._partition import k_classes_indices as k_classes_indices
 from ._partition import k_classes_per_client as k_classes_per_client
 from ._partition import natural as natural
+from ._partition_fedprox import fedprox_mnist as fedprox_mnist
 from ._partition_papers import LINDT_SCHEMES as LINDT_SCHEMES
 from ._partition_papers import FedPlusMNIST as FedPlusMNIST
 from ._partition_papers import FedPlusRegression as FedPlusRegression

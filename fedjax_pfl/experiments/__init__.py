@@ -1,6 +1,6 @@
 """The papers' experiments as validated presets, their runner and the CLI."""
 
-from . import _presets, _presets_lindt  # noqa: F401  (register the presets)
+from . import _presets, _presets_fedplus, _presets_lindt  # noqa: F401  (register)
 from ._config import Experiment as Experiment
 from ._config import Key as Key
 from ._config import Preset as Preset
