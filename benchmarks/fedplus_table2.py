@@ -8,15 +8,18 @@ parties a round, E_k = 20 local iterations, T = 500 rounds, batch 20 / 10,
 eta 0.02 / 1e-4, sigma 15 / 1, delta 0.1, lambda = 0, unweighted aggregation.
 
 Methods: FedAvg+, FedGeoMed+, FedCoMed+ (evaluated with the personal models
-w_k; the paper does not say which model it evaluates) and the baselines this
-package has: FedAvg and FedProx (Fed+ with Psi = ind0, lambda = 1, sigma as
-Fed+'s) and RFA (Fed+ with sigma = 0, lambda = 1, Psi = l2 with delta = 1e-6:
-the smoothed Weiszfeld geometric median),
-evaluated with the global model; local training (personal models). The paper's
-baselines (Scaffold, pFedMe, perFedAvg, APFL) are not implemented here; their
-numbers are shown as published. Metrics at the final round on the test split:
-accuracy (MNIST) or test MSE = mean (y - x.w)^2 (regression), both
-sample-weighted and averaged over parties.
+w_k; the paper does not say which model it evaluates; the anchor
+w~ + theta_k and the global model are recorded too), the paper's baselines
+Scaffold (global model), pFedMe, Per-FedAvg and APFL (their personal models;
+the paper gives none of their hyperparameters: Fed+'s lr, E, B and K plus their
+own papers' defaults, see ``_presets.fedplus_algorithm``), and FedAvg, FedProx
+(Fed+ with Psi = ind0, lambda = 1, sigma as Fed+'s), RFA (Fed+ with sigma = 0,
+lambda = 1, Psi = l2 with delta = 1e-6: the smoothed Weiszfeld geometric median)
+and local training. Metrics at the final round on the test split: accuracy
+(MNIST) or test MSE = mean (y - x.w)^2 (regression), both sample-weighted and
+averaged over parties. ``--loss``, ``--noise-scale``, ``--negation``,
+``--init-mix``, ``--batch``, ``--lr``, ``--sigma`` and ``--local-steps`` are the
+ablations of docs/fedplus.md (label each with ``--tag``).
 
     FEDJAX_PFL_DATA_DIR=/path/to/data python benchmarks/fedplus_table2.py \\
         --datasets mnist-robust-10 synthetic --seeds 0 1 2 \\
@@ -43,16 +46,13 @@ from fedjax_pfl.experiments import _presets
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from throughput import _meta, parse_or_report, write_jsonl
 
-DATASETS = ("mnist-robust-10", "mnist-personal-10", "mnist-robust-50",
-            "mnist-personal-50", "synthetic")
-METHODS = ("fedavg_plus", "fedgeomed_plus", "fedcomed_plus", "fedavg", "fedprox",
-           "rfa", "local")
+DATASETS = _presets.FEDPLUS_DATASETS
+METHODS = _presets.FEDPLUS_METHODS
 NAMES = {"fedavg_plus": "FedAvg+", "fedgeomed_plus": "FedGeoMed+",
-         "fedcomed_plus": "FedCoMed+", "fedavg": "FedAvg", "fedprox": "FedProx",
-         "rfa": "RFA", "local": "Local"}
-VIEW = {"fedavg_plus": "personal", "fedgeomed_plus": "personal",
-        "fedcomed_plus": "personal", "fedavg": "global", "fedprox": "global",
-        "rfa": "global", "local": "personal"}
+         "fedcomed_plus": "FedCoMed+", "scaffold": "Scaffold", "pfedme": "pFedMe",
+         "perfedavg": "perFedAvg", "apfl": "APFL", "fedavg": "FedAvg",
+         "fedprox": "FedProx", "rfa": "RFA", "local": "Local"}
+VIEW = {m: _presets.FEDPLUS_VIEW.get(m, "personal") for m in METHODS}
 # Table 2 of the paper (Kundu et al.), verbatim: Scaffold, pFedMe, perFedAvg, APFL,
 # FedAvg+, FedGeoMed+, FedCoMed+.
 PAPER_COLS = ("Scaffold", "pFedMe", "perFedAvg", "APFL", "FedAvg+", "FedGeoMed+",
@@ -67,56 +67,71 @@ PAPER = {
 
 
 settings = _presets.fedplus_settings  # the paper's §5.1 hyperparameters for a row
-load = functools.cache(_presets.fedplus_data)  # (FederatedData, model) of a row
 
 
-def make(method: str, model, s: dict, args) -> fp.Algorithm:
-    return _presets.fedplus_algorithm(
-        method, model, lr=s["lr"], sigma=s["sigma"], batch=s["batch"],
-        local_steps=args.local_steps, cohort_size=args.cohort_size, delta=args.delta,
-        agg_set=args.agg_set, agg_method=args.agg_method)
+@functools.cache
+def load(dataset, seed, noise_scale, negation):
+    """(FederatedData, model) of a row (the data options only matter for MNIST)."""
+    if dataset == "synthetic":
+        return _presets.fedplus_data(dataset, seed)
+    return _presets.fedplus_data(dataset, seed, noise_scale=noise_scale,
+                                 negation=negation)
 
 
-def final_metrics(row: dict, dataset: str, view: str) -> dict:
+def final_metrics(row: dict, dataset: str, view: str, scale: float) -> dict:
     """The table's numbers from one history row: accuracy in % (MNIST) or test
-    MSE (regression: the model's loss is 0.5 (y - x.w)^2)."""
+    MSE (regression: the model's loss is ``scale`` 0.5 (y - x.w)^2)."""
     out = {}
     for key, summ in (("weighted", "mean"), ("party_avg", "mean_unweighted")):
         if dataset == "synthetic":
-            out[key] = 2.0 * row[f"{view}/test/loss/{summ}"]
+            out[key] = 2.0 * row[f"{view}/test/loss/{summ}"] / scale
         else:
             out[key] = 100.0 * row[f"{view}/test/accuracy/{summ}"]
     return out
 
 
 def run_one(dataset, method, seed, args, meta):
-    fed, model = load(dataset, seed)
+    fed, model = load(dataset, seed, args.noise_scale, args.negation)
     s = settings(dataset)
-    s.update({k: v for k, v in (("lr", args.lr), ("sigma", args.sigma))
-              if v is not None})
-    alg = make(method, model, s, args)
+    s.update({k: v for k, v in (("lr", args.lr), ("sigma", args.sigma),
+                                ("batch", args.batch)) if v is not None})
+    scale = _presets.loss_scale(args.loss, s["batch"], fed)
+    model = _presets.scaled_loss(model, scale)
+    alg = _presets.fedplus_algorithm(
+        method, model, lr=s["lr"], sigma=s["sigma"],
+        batch=s["batch"], local_steps=args.local_steps, cohort_size=args.cohort_size,
+        delta=args.delta, agg_set=args.agg_set, agg_method=args.agg_method,
+        init_mix=args.init_mix)
     t0 = time.perf_counter()
     res = fp.simulate(alg, fed, num_rounds=args.rounds, eval_every=args.eval_every,
                       key=jax.random.key(seed), splits=("test",), progress=False)
     wall = time.perf_counter() - t0
+    config = dict(dataset=dataset, method=method, seed=seed, tag=args.tag,
+                  lr=s["lr"], sigma=s["sigma"], batch_size=s["batch"],
+                  loss=args.loss, loss_scale=scale, view=VIEW[method],
+                  rounds=args.rounds, agg_set=args.agg_set,
+                  agg_method=args.agg_method, delta=args.delta,
+                  init_mix=args.init_mix, local_steps=args.local_steps,
+                  cohort_size=args.cohort_size, num_clients=fed.num_clients)
+    if dataset != "synthetic":
+        config.update(noise_scale=args.noise_scale, negation=args.negation)
     records = []
     for row in res.history:
-        rec = dict(meta, dataset=dataset, method=method, seed=seed, tag=args.tag,
-                   lr=s["lr"], sigma=s["sigma"], batch_size=s["batch"],
-                   view=VIEW[method], rounds=args.rounds, agg_set=args.agg_set,
-                   agg_method=args.agg_method, delta=args.delta,
-                   local_steps=args.local_steps, cohort_size=args.cohort_size,
-                   wall_s=wall, **{k: v for k, v in row.items()})
-        rec.update(final_metrics(row, dataset, VIEW[method]))
-        if method.endswith("_plus"):  # the Fed+ global model, for reference
-            g = final_metrics(row, dataset, "global")
-            rec.update(global_weighted=g["weighted"], global_party_avg=g["party_avg"])
+        rec = dict(meta, **config, wall_s=wall, **row)
+        rec.update(final_metrics(row, dataset, VIEW[method], scale))
+        others = ("global", "anchor") if method in _presets.FEDPLUS_PLUS else (
+            "global",)
+        for other in others:  # the models not judged, for reference
+            if other != VIEW[method] and f"{other}/test/loss/mean" in row:
+                g = final_metrics(row, dataset, other, scale)
+                rec.update({f"{other}_weighted": g["weighted"],
+                            f"{other}_party_avg": g["party_avg"]})
         records.append(rec)
-    if method.endswith("_plus"):
+    if method in _presets.FEDPLUS_PLUS:
         records[-1].update(diagnose(res.state, fed, model))
     last = records[-1]
-    extra = (f" (global {last['global_weighted']:.2f})" if "global_weighted" in last
-             else "")
+    extra = "".join(f" ({o} {last[o + '_weighted']:.2f})" for o in ("global", "anchor")
+                    if o + "_weighted" in last)
     print(f"{dataset:>18} {NAMES[method]:>10} seed {seed}: {last['weighted']:.2f} "
           f"weighted, {last['party_avg']:.2f} party-avg{extra} [{wall:.0f} s]",
           flush=True)
@@ -168,11 +183,12 @@ def report(path: str) -> str:
         rounds = {r["round"] for rs in runs.values() for r in rs}
         first = next(r for rs in runs.values() for r in rs)
         lines += [(f"**{ds}**, `{tag}`: lr {first.get('lr')}, sigma "
-                   f"{first.get('sigma')}, agg_set {first['agg_set']} ({unit}; round "
+                   f"{first.get('sigma')}, loss {first.get('loss', 'mean')}, agg_set "
+                   f"{first['agg_set']} ({unit}; std over seeds ddof 1; round "
                    f"{'/'.join(map(str, sorted(rounds)))})"), "",
                   ("| method | model evaluated | seeds | sample-weighted | party-avg | "
-                   "Fed+ global model | paper (Table 2) |"),
-                  "|---|---|---|---|---|---|---|"]
+                   "Fed+ anchor w~ + theta_k | Fed+ global model | paper (Table 2) |"),
+                  "|---|---|---|---|---|---|---|---|"]
         paper = dict(zip(PAPER_COLS, PAPER[ds]))
         for m in METHODS:
             rs = runs[m]
@@ -183,13 +199,14 @@ def report(path: str) -> str:
                 v = np.asarray([r[key] for r in rs], float)
                 if len(v) == 1:
                     return f"{v[0]:.2f}"
-                return f"{v.mean():.2f} ± {v.std():.2f}"
+                return f"{v.mean():.2f} ± {v.std(ddof=1):.2f}"
 
-            glob = stat("global_weighted") if "global_weighted" in rs[0] else ""
+            glob, anc = (stat(f"{o}_weighted") if f"{o}_weighted" in rs[0] else ""
+                         for o in ("global", "anchor"))
             lines.append(f"| {NAMES[m]} | {VIEW[m]} | {len(rs)} | {stat('weighted')} | "
-                         f"{stat('party_avg')} | {glob} | {paper.get(NAMES[m], '')} |")
-        others = ", ".join(f"{k} {paper[k]}" for k in PAPER_COLS[:4])
-        lines += ["", f"Paper's other baselines (not implemented here): {others}.", ""]
+                         f"{stat('party_avg')} | {anc} | {glob} | "
+                         f"{paper.get(NAMES[m], '')} |")
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -208,6 +225,18 @@ def main(argv=None):
                    help="override the row's learning rate (sensitivity runs)")
     p.add_argument("--sigma", type=float, default=None,
                    help="override the row's sigma (Fed+ and FedProx)")
+    p.add_argument("--batch", type=int, default=None,
+                   help="override the row's batch size (sensitivity runs)")
+    p.add_argument("--loss", default="mean", choices=_presets.FEDPLUS_LOSSES,
+                   help="the loss the lr and sigma refer to: mean over the batch, "
+                   "sum over the batch, or sum over the party's training set")
+    p.add_argument("--init-mix", type=float, default=0.0,
+                   help="Fed+'s lambda: Local-Solve starts at (1-lambda) w_k + "
+                   "lambda w~")
+    p.add_argument("--noise-scale", type=float, default=0.5,
+                   help="MNIST-personal: Laplace noise scale on the noisy classes")
+    p.add_argument("--negation", default="complement", choices=["complement", "sign"],
+                   help="MNIST: negated images are 1 - x or -x")
     p.add_argument("--tag", default="paper",
                    help="label of this configuration in the records and report")
     p.add_argument("--agg-set", default="all", choices=["all", "sampled"])

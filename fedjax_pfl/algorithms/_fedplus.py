@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedjax_pfl.aggregators import Aggregator, moreau, prox
+from fedjax_pfl.aggregators import Aggregator, moreau, prox, prox_stacked
 from fedjax_pfl.core import (
     Algorithm,
     AlgorithmState,
@@ -239,10 +239,13 @@ def fedplus(
 
     Returns:
       An :class:`Algorithm` with ``FedPlusServerState``/``FedPlusClientState``
-      and the views ``personal`` (``w_k``; ``w~`` for a party never sampled) and
-      ``global`` (``w~``). Metrics: ``train/loss``, ``train/offset_norm``
-      (``||theta_k||``), ``server/update_norm`` (``||w~^{t+1} - w~^t||``) and the
-      Moreau aggregator's ``server/agg_iters`` when it reports them.
+      and the views ``personal`` (``w_k``; ``w~`` for a party never sampled),
+      ``anchor`` (``z_k = w~ + prox_Psi(w_k - w~)``: the paper's decomposition
+      ``w~ + theta_k`` of a personal model, which the penalty only couples
+      softly to ``w_k``) and ``global`` (``w~``). Metrics: ``train/loss``,
+      ``train/offset_norm`` (``||theta_k||``), ``server/update_norm``
+      (``||w~^{t+1} - w~^t||``) and the Moreau aggregator's ``server/agg_iters``
+      when it reports them.
 
     Raises:
       ValueError: naming the argument, for values out of range.
@@ -348,7 +351,12 @@ def fedplus(
             on = c.trained.reshape((-1,) + (1,) * (a.ndim - 1))
             return jnp.where(on, a, g[None])
 
-        return {"personal": ModelView(model, jax.tree.map(pick, c.params, w_t), True),
+        personal = jax.tree.map(pick, c.params, w_t)
+        offsets = jax.tree.map(lambda a, g: a - g[None], personal, w_t)
+        anchor = jax.tree.map(lambda g, th: g[None] + th, w_t,
+                              prox_stacked(psi, offsets, delta))
+        return {"personal": ModelView(model, personal, True),
+                "anchor": ModelView(model, anchor, True),
                 "global": ModelView(model, w_t, False)}
 
     return Algorithm(init, deferred(build), eval_models)

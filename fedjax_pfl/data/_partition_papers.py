@@ -304,6 +304,7 @@ def fedplus_mnist(
     negate_fraction: float | None = None,
     noisy_classes_per_client: int = 2,
     noise_scale: float = 0.5,
+    negation: str = "complement",
     fractions: Fractions = (0.5, 0.0, 0.5),
     seed: int = 0,
 ) -> FedPlusMNIST:
@@ -314,7 +315,9 @@ def fedplus_mnist(
     scaled to [0, 1]); with ``personal=True`` each party also picks
     ``noisy_classes_per_client`` distinct classes whose images get i.i.d.
     ``Laplace(0, noise_scale)`` pixel noise (the scale is not in the paper; 0.5 is
-    our choice; no clipping). Each party is then split 50/50 train/test.
+    our choice; no clipping). "Taking negative of images" is read as
+    ``negation="complement"`` (``1 - x``, an inverted image in [0, 1]);
+    ``"sign"`` gives ``-x``. Each party is then split 50/50 train/test.
     Integer images are scaled by 1/255 (float images must already be in [0, 1]);
     all are flattened to ``[n, 784]`` float32 (for logistic regression). Pass the
     60k train split (or the pooled 70k: the paper does not say which).
@@ -324,6 +327,8 @@ def fedplus_mnist(
     if negate_fraction is None:
         negate_fraction = 0.1 if num_clients <= 10 else 0.2
     check_number("negate_fraction", negate_fraction, lo=0.0, hi=1.0, scalar=True)
+    check_choice("negation", negation, ("complement", "sign"))
+    check_number("noise_scale", noise_scale, lo=0.0, scalar=True)
     check_int("noisy_classes_per_client", noisy_classes_per_client, lo=0,
               hi=num_classes)
     x = np.asarray(x).reshape(len(y), -1)
@@ -341,7 +346,7 @@ def fedplus_mnist(
     for i, idx in enumerate(parts):
         xi, yi = x[idx].copy(), y[idx]
         if negated[i]:
-            xi = 1.0 - xi
+            xi = 1.0 - xi if negation == "complement" else -xi
         hit = np.isin(yi, noisy[i])
         xi[hit] += rng.laplace(0.0, noise_scale, xi[hit].shape).astype(np.float32)
         clients.append((xi, yi))

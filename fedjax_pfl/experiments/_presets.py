@@ -198,9 +198,14 @@ _register(Preset(
 
 FEDPLUS_DATASETS = ("mnist-robust-10", "mnist-personal-10", "mnist-robust-50",
                     "mnist-personal-50", "synthetic")
-FEDPLUS_METHODS = ("fedavg_plus", "fedgeomed_plus", "fedcomed_plus", "fedavg",
-                   "fedprox", "rfa", "local")
-FEDPLUS_VIEW = {"fedavg": "global", "fedprox": "global", "rfa": "global"}
+FEDPLUS_PLUS = ("fedavg_plus", "fedgeomed_plus", "fedcomed_plus")
+FEDPLUS_METHODS = FEDPLUS_PLUS + ("scaffold", "pfedme", "perfedavg", "apfl", "fedavg",
+                                  "fedprox", "rfa", "local")
+# The model each method is judged by: the personalized methods' own personal
+# models, the non-personalized baselines' global model.
+FEDPLUS_VIEW = {"scaffold": "global", "fedavg": "global", "fedprox": "global",
+                "rfa": "global"}
+FEDPLUS_LOSSES = ("mean", "batch_sum", "data_sum")
 
 
 def fedplus_settings(dataset: str) -> dict:
@@ -210,7 +215,8 @@ def fedplus_settings(dataset: str) -> dict:
     return dict(lr=0.02, sigma=15.0, batch=20)
 
 
-def fedplus_data(dataset: str, seed: int):
+def fedplus_data(dataset: str, seed: int, *, noise_scale: float = 0.5,
+                 negation: str = "complement"):
     """``(FederatedData, model)`` of a Fed+ Table 2 row."""
     if dataset == "synthetic":
         reg = data.fedplus_synthetic_regression(10, seed=seed)
@@ -219,41 +225,80 @@ def fedplus_data(dataset: str, seed: int):
     x_tr, y_tr, x_te, y_te = data.load_mnist()
     x = np.concatenate([x_tr, x_te])  # all 70k images: "partition MNIST equally"
     y = np.concatenate([y_tr, y_te])
-    fed = data.fedplus_mnist(x, y, int(n), personal=kind == "personal", seed=seed)
+    fed = data.fedplus_mnist(x, y, int(n), personal=kind == "personal", seed=seed,
+                             noise_scale=noise_scale, negation=negation)
     return fed.data, models.logistic_regression((784,), 10)
 
 
+def loss_scale(loss: str, batch: int, fed) -> float:
+    """The factor on the per-example loss for a reading of the paper's loss:
+    ``mean`` over the minibatch (1), ``batch_sum`` (the batch size) or
+    ``data_sum``, the party's whole training set (its mean size)."""
+    if loss == "mean":
+        return 1.0
+    if loss == "batch_sum":
+        return float(batch)
+    return float(np.mean(np.asarray(fed.train.counts)))
+
+
+def scaled_loss(model, scale: float):
+    """``model`` with its per-example loss multiplied by ``scale`` (a minibatch's
+    mean loss then becomes a sum over the batch for ``scale = B``)."""
+    if scale == 1.0:
+        return model
+    base = model.loss
+    return model._replace(loss=lambda out, y: scale * base(out, y))
+
+
 def fedplus_algorithm(method, model, *, lr, sigma, batch, local_steps, cohort_size,
-                      delta, agg_set, agg_method):
-    """A Fed+ Table 2 method: Fed+ variants, or the baselines as Fed+ settings
-    (FedProx: Psi = ind0, lambda 1; RFA: sigma 0, Psi = l2)."""
-    common = dict(client_lr=lr, num_local_steps=local_steps, batch_size=batch,
+                      delta, agg_set, agg_method, init_mix=0.0):
+    """A Fed+ Table 2 method: Fed+ variants, the paper's personalized baselines
+    (Scaffold, pFedMe, Per-FedAvg, APFL; the paper gives none of their
+    hyperparameters, so they get Fed+'s ``lr``, ``E``, ``B`` and ``K`` plus their
+    own papers' defaults) or FedAvg, FedProx (Psi = ind0, lambda 1), RFA
+    (sigma 0, Psi = l2 with delta 1e-6) and local training."""
+    common = dict(num_local_steps=local_steps, batch_size=batch,
                   cohort_size=cohort_size)
-    plus = dict(common, delta=delta, agg_set=agg_set, agg_method=agg_method,
-                weighted=False)
-    if method in ("fedavg_plus", "fedgeomed_plus", "fedcomed_plus"):
-        return getattr(algorithms, method)(model, sigma=sigma, init_mix=0.0, **plus)
+    plus = dict(common, client_lr=lr, delta=delta, agg_set=agg_set,
+                agg_method=agg_method, weighted=False)
+    if method in FEDPLUS_PLUS:
+        return getattr(algorithms, method)(model, sigma=sigma, init_mix=init_mix,
+                                           **plus)
     if method == "fedprox":
         return algorithms.fedplus(model, psi="ind0", sigma=sigma, init_mix=1.0,
                                   **dict(plus, agg_set="sampled"))
     if method == "rfa":
         return algorithms.fedplus(model, psi="l2", sigma=0.0, init_mix=1.0,
                                   **dict(plus, delta=1e-6, agg_set="sampled"))
+    if method == "scaffold":
+        return algorithms.scaffold(model, client_lr=lr, weighted=False, **common)
+    if method == "pfedme":  # pFedMe's MNIST lambda 15 and K = 5 inner steps
+        return algorithms.pfedme(model, lam=15.0, inner_steps=5, inner_lr=lr,
+                                 client_lr=lr, weighted=False, **common)
+    if method == "perfedavg":  # personalized by one step of size alpha
+        return algorithms.per_fedavg(model, alpha=lr, beta=lr, weighted=False,
+                                     finetune_steps=1, **common)
+    if method == "apfl":  # APFL's adaptive alpha from 0.01
+        return algorithms.apfl(model, client_lr=lr, weighted=False, **common)
     if method == "fedavg":
-        return algorithms.fedavg(model, weighted=False, **common)
+        return algorithms.fedavg(model, client_lr=lr, weighted=False, **common)
     if method == "local":
-        return algorithms.local_only(model, **common)
+        return algorithms.local_only(model, client_lr=lr, **common)
     raise ValueError(f"method: must be one of {FEDPLUS_METHODS}, got {method!r}")
 
 
 def _fedplus(cfg):
-    fed, model = fedplus_data(cfg["dataset"], cfg["seed"])
+    fed, model = fedplus_data(cfg["dataset"], cfg["seed"],
+                              noise_scale=cfg["noise_scale"],
+                              negation=cfg["negation"])
     s = fedplus_settings(cfg["dataset"])
+    model = scaled_loss(model, loss_scale(cfg["loss"], s["batch"], fed))
     alg = fedplus_algorithm(
         cfg["method"], model, lr=cfg["lr"] or s["lr"],
         sigma=cfg["sigma"] or s["sigma"], batch=s["batch"],
         local_steps=cfg["local_steps"], cohort_size=cfg["cohort_size"],
-        delta=cfg["delta"], agg_set=cfg["agg_set"], agg_method=cfg["agg_method"])
+        delta=cfg["delta"], agg_set=cfg["agg_set"], agg_method=cfg["agg_method"],
+        init_mix=cfg["init_mix"])
     view = FEDPLUS_VIEW.get(cfg["method"], "personal")
     views = (view,) if cfg["method"] == "local" else (view, "global")
     views = tuple(dict.fromkeys(views))  # local has no global model; FedAvg's is it
@@ -270,14 +315,32 @@ _register(Preset(
          "method": Key("fedgeomed_plus", "Fed+ variant or baseline",
                        choices=FEDPLUS_METHODS),
          "lr": Key(0.0, "learning rate (0: the paper's for the dataset)", low=0.0),
-         "sigma": Key(0.0, "Fed+ sigma (0: the paper's for the dataset)", low=0.0),
+         "sigma": Key(0.0, "Fed+ sigma (0: the paper's for the dataset)", low=0.0,
+                      only_if=("method", FEDPLUS_PLUS + ("fedprox",))),
+         "loss": Key("mean", "the local loss the paper's lr and sigma refer to: "
+                     "the mean over a minibatch, its sum, or the sum over the "
+                     "party's training set", choices=FEDPLUS_LOSSES),
          "local_steps": Key(20, "local iterations E", low=1),
          "cohort_size": Key(10, "parties a round K", low=1),
-         "delta": Key(0.1, "Huber/soft-threshold delta", low=0.0),
+         "delta": Key(0.1, "Huber/soft-threshold delta (> 0)", low=0.0,
+                      check=lambda v: None if v > 0 else "must be > 0",
+                      only_if=("method", FEDPLUS_PLUS)),
+         "init_mix": Key(0.0, "lambda: Local-Solve starts from (1 - lambda) w_k + "
+                         "lambda w~", low=0.0, high=1.0,
+                         only_if=("method", FEDPLUS_PLUS)),
          "agg_set": Key("all", "aggregate over all parties (Algorithm 1) or the "
-                        "sampled ones", choices=("all", "sampled")),
+                        "sampled ones", choices=("all", "sampled"),
+                        only_if=("method", FEDPLUS_PLUS)),
          "agg_method": Key("irls", "Moreau aggregation solver",
-                           choices=("irls", "paper"))},
+                           choices=("irls", "paper"),
+                           only_if=("method", FEDPLUS_PLUS)),
+         "noise_scale": Key(0.5, "Laplace noise scale on each party's two noisy "
+                            "classes (not given by the paper)", low=0.0,
+                            only_if=("dataset", ("mnist-personal-10",
+                                                 "mnist-personal-50"))),
+         "negation": Key("complement", "negated images: 1 - x or -x",
+                         choices=("complement", "sign"),
+                         only_if=("dataset", FEDPLUS_DATASETS[:4]))},
     _fedplus, ("mnist",)))
 
 

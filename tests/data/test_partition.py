@@ -267,6 +267,14 @@ def test_fedplus_mnist_negation_and_noise():
     assert np.all(np.abs(xc[~noisy] - base) < 1e-6)
     assert np.all(np.abs(xc[noisy] - base).max(1) > 1e-6)
     assert p.data.train.num_examples + p.data.test.num_examples == len(y)
+    s = fdata.fedplus_mnist(x, y, 10, personal=False, negation="sign", seed=3)
+    for c in range(10):
+        want = -50 / 255 if s.negated[c] else 50 / 255
+        np.testing.assert_allclose(s.data.train.client(c)[0], want, rtol=1e-6)
+    for kw, name in (({"negation": "invert"}, "negation"),
+                     ({"noise_scale": -1.0}, "noise_scale")):
+        with pytest.raises(ValueError, match=name):
+            fdata.fedplus_mnist(x, y, 10, **kw)
 
 
 def test_fedplus_synthetic_regression_outlier():

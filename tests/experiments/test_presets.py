@@ -362,3 +362,18 @@ def test_ditto_presets_choose_the_global_models_aggregator(tmp_path):
     mocha = experiments.run_preset("ditto-synthetic", {**TINY, "method": "mocha"},
                                    out=tmp_path / "mocha", progress=False)
     assert mocha["views"] == ("personal",) and mocha["final"]["round"] == 4
+
+
+def test_fedplus_keys_refused_where_they_do_nothing():
+    preset = experiments.get_preset("fedplus-table2")
+    for over, name in (({"method": "scaffold", "sigma": "1"}, "sigma"),
+                       ({"method": "fedavg", "init_mix": "0.5"}, "init_mix"),
+                       ({"dataset": "mnist-robust-10", "noise_scale": "1"},
+                        "noise_scale"),
+                       ({"dataset": "synthetic", "negation": "sign"}, "negation"),
+                       ({"delta": "0"}, "delta"),
+                       ({"loss": "sum"}, "loss")):
+        with pytest.raises(ValueError, match=name):
+            experiments.resolve(preset, over)
+    cfg = experiments.resolve(preset, {"loss": "batch_sum", "init_mix": "0.5"})
+    assert cfg["loss"] == "batch_sum" and cfg["init_mix"] == 0.5
