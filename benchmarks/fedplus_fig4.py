@@ -91,12 +91,27 @@ def run_one(dataset: str, method: str, seed: int, overrides: dict, meta: dict,
         records.append(rec)
     last = records[-1]
     trained = getattr(res.state.clients, "trained", None)
-    if trained is not None:  # Fed+: parties sampled at least once (the others'
-        last["trained_parties"] = int(np.sum(trained))  # personal model is w~)
+    if trained is not None:  # Fed+: a party never sampled is judged with w~
+        last.update(trained_accuracies(exp, res.state, seed, trained))
     print(f"{dataset:>9} {NAMES[method]:>10} seed {seed}: round {last['round']} "
           f"{last['weighted']:.2f} weighted, {last['party_avg']:.2f} party-avg "
           f"[{wall:.0f} s + {build_s:.0f} s data]", flush=True)
     return records
+
+
+def trained_accuracies(exp, state, seed: int, trained) -> dict:
+    """Fed+'s personal models at the end, on the parties sampled at least once
+    and on the others (whose personal model is still ``w~``): their number and
+    test accuracy in %, weighted by test samples."""
+    out = {"trained_parties": int(np.sum(trained))}
+    for name, mask in (("trained", trained), ("untrained", ~trained)):
+        if not np.any(mask):
+            continue
+        m = fp.evaluate_state(exp.algorithm, state, exp.data, key=jax.random.key(seed),
+                              views=("personal",), splits=("test",),
+                              mask=np.asarray(mask, np.float32))
+        out[f"{name}_weighted"] = 100.0 * float(m["personal/test/accuracy/mean"])
+    return out
 
 
 def _inert(preset, dataset, method, key) -> bool:
@@ -186,7 +201,27 @@ def _table(records: list[dict], tag: str, ds: str) -> list[str]:
     lines.append("")
     for key in ("weighted", "party_avg"):
         lines += _comparison(ds, key, finals[key])
-    return lines + [""]
+    return lines + [""] + _sampled_table(runs, last_round)
+
+
+def _sampled_table(runs: list[dict], last_round: int) -> list[str]:
+    """Fed+'s final personal accuracy on the parties sampled at least once and
+    on the others (judged with w~)."""
+    rows = []
+    for m in fig4.FIG4_PLUS:
+        rs = [r for r in runs if r["method"] == m and r["round"] == last_round
+              and "trained_parties" in r]
+        if not rs:
+            continue
+        cells = [_stat(np.asarray([r.get(k, np.nan) for r in rs], float))
+                 for k in ("trained_parties", "trained_weighted",
+                           "untrained_weighted")]
+        rows.append(f"| {NAMES[m]} | {len(rs)} | " + " | ".join(cells) + " |")
+    if not rows:
+        return []
+    return ["| Fed+ at the end | seeds | parties sampled at least once | "
+            "their personal models | the others (w~) |", "|---|---|---|---|---|",
+            *rows, ""]
 
 
 def _comparison(ds: str, key: str, final: dict) -> list[str]:
