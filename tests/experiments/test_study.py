@@ -321,3 +321,19 @@ def test_ctrl_c_on_the_command_line_stops_with_one_line(tmp_path):
                                {**TINY, "rounds": 400}.items()]]) == 0
     rows = [json.loads(x) for x in (out / "history.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rows] == list(range(0, 401, 2))
+
+
+def test_config_files_out_holds_the_log(tmp_path, monkeypatch):
+    # the log goes to the run directory the config file names, not runs/<preset>
+    monkeypatch.chdir(tmp_path)
+    cfg = tmp_path / "one.yaml"
+    cfg.write_text(textwrap.dedent(f"""
+        preset: ditto-synthetic
+        out: {tmp_path / 'cfg-out'}
+        set: {{clients: 12, max_size: 60, rounds: 2, eval_every: 2, local_steps: 2,
+              batch_size: 5, cohort_size: 4}}
+        """))
+    assert main(["run", "--config", str(cfg)]) == 0
+    log = (tmp_path / "cfg-out" / "log.txt").read_text()
+    assert "round 2 |" in log
+    assert not (tmp_path / "runs").exists()
