@@ -149,6 +149,8 @@ def curves(records: list[dict], key: str = "weighted",
 
 
 def _stat(v: np.ndarray) -> str:
+    if np.all(np.isnan(v)):
+        return "-"
     if len(v) == 1:
         return f"{v[0]:.2f}"
     return f"{v.mean():.2f} ± {v.std(ddof=1):.2f}"
@@ -242,6 +244,11 @@ def _comparison(ds: str, key: str, final: dict) -> list[str]:
                    f"{NAMES[other]}{' (best baseline)' if other == top else ''} "
                    f"({final[other].mean():.2f}): {d:+.2f} points, "
                    f"{100 * d / final[other].mean():+.2f} % relative")
+    if len(base) > 1:
+        avg = np.mean([final[m].mean() for m in base])
+        d = final[best].mean() - avg
+        out.append(f"- {key}: best Fed+ vs the mean of the {len(base)} baselines "
+                   f"({avg:.2f}): {d:+.2f} points, {100 * d / avg:+.2f} % relative")
     if len(plus) == 3:
         avg = np.mean([final[m].mean() for m in plus])
         out.append(f"- {key}: mean of the three Fed+ variants {avg:.2f} (paper: "

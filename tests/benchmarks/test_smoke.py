@@ -149,6 +149,26 @@ def test_fedplus_table2_smoke(tmp_path):
     assert "| FedGeoMed+ | personal | 1 |" in table and "1048" in table
 
 
+def test_fedplus_fig4_smoke(tmp_path):
+    out, png = tmp_path / "f.jsonl", tmp_path / "f.png"
+    mod = _load("fedplus_fig4")
+    recs = mod.main([
+        "--datasets", "synthetic", "--methods", "fedprox", "fedavg_plus",
+        "--seeds", "0", "1", "--set", "rounds=2", "eval_every=1", "parties=12",
+        "local_epochs=0.2", "mu=0.5", "--out", str(out)])
+    last = {(r["method"], r["seed"]): r for r in recs if r["round"] == 2}
+    assert len(last) == 4 and len(recs) == 12  # rounds 0, 1, 2 of four runs
+    assert last[("fedprox", 0)]["view"] == "global"
+    assert last[("fedprox", 0)]["mu"] == 0.5  # --set reaches the runs it applies to
+    plus = last[("fedavg_plus", 1)]
+    assert plus["view"] == "personal" and plus["delta"] == 0.001
+    assert plus["trained_parties"] <= 12 and "git_sha" in plus
+    table = mod.report(str(out))
+    assert "| FedAvg+ | personal | 2 |" in table and "best Fed+ (FedAvg+" in table
+    assert mod.plot(str(out), str(png)) == [str(png), str(tmp_path / "f.pdf")]
+    assert png.stat().st_size > 0
+
+
 def test_lindt_nfl_smoke(tmp_path):
     out, png = tmp_path / "l.jsonl", tmp_path / "l.png"
     recs = _load("lindt_nfl").main([
