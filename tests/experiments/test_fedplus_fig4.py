@@ -143,7 +143,9 @@ def test_preset_runs_every_method(monkeypatch, dataset, methods):
 
 def test_preset_paper_settings(monkeypatch):
     _fake_mnist(monkeypatch)
-    syn = PRESET.build(experiments.resolve(PRESET, {"method": "fedavg"}))
+    cfg = experiments.resolve(PRESET, {"method": "fedavg"})
+    assert (cfg["alpha"], cfg["beta"]) == (1000.0, 10.0)  # the paper's zeta, beta
+    syn = PRESET.build(cfg)
     assert syn.info["num_rounds"] == 200 and syn.info["lr"] == 0.01
     assert syn.data.num_clients == 30
     cfg = experiments.resolve(PRESET, {"dataset": "mnist", "parties": 20,
