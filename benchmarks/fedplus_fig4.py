@@ -1,6 +1,7 @@
 """Fed+'s Fig. 4 (Kundu et al., arXiv 2009.06303, §5.2) at CPU scale.
 
-Test accuracy against rounds on FedProx's Synthetic(1, 1) (30 parties) and
+Test accuracy against rounds on FedProx's Synthetic data with the paper's
+zeta = 1000 and beta = 10 (keys ``alpha`` and ``beta``; 30 parties) and
 power-law MNIST (1000 parties of one digit), multinomial logistic regression,
 K = 10 parties a round, batch 10, E = 20 local epochs, lr 0.01 / 0.03, 200 /
 100 rounds: FedAvg, FedProx (mu 1), RFA and the coordinatewise median (their
@@ -10,6 +11,10 @@ delta 0.001 / 0.1 / 0.1; each party's personal model). The settings are the
 every evaluation is one JSON record (the preset's full configuration, the seed,
 ``_meta()``), with the test accuracy weighted by test samples (``weighted``,
 FedProx's convention) and averaged over parties (``party_avg``), in %.
+``--report`` and ``--plot`` keep apart records of different tags and data
+settings (:func:`panel`: Synthetic's alpha and beta, MNIST's digits a party,
+the number of parties), so FedProx's usual Synthetic(1, 1)
+(``--set alpha=1 beta=1``) and the paper's setting can share one file.
 
     FEDJAX_PFL_DATA_DIR=/path/to/data python benchmarks/fedplus_fig4.py \\
         --datasets synthetic mnist --seeds 0 1 2 \\
@@ -47,10 +52,47 @@ NAMES = {"fedavg": "FedAvg", "fedprox": "FedProx", "rfa": "RFA",
 PAPER_PLUS_MEAN = {"synthetic": 98.03, "mnist": 83.36}
 
 
+def panel(r: dict) -> tuple:
+    """What keeps a record's runs apart from others': its tag, dataset and data
+    settings (Synthetic's alpha and beta, MNIST's digits a party; the number
+    of parties). The records' ``alpha`` and ``beta`` on MNIST are inert."""
+    data = ((float(r["alpha"]), float(r["beta"])) if r["dataset"] == "synthetic"
+            else (int(r["digits_per_party"]),))
+    return (r.get("tag", "paper"), r["dataset"], data, int(r["parties"]))
+
+
+def _paper_data(ds: str) -> tuple:
+    """The paper's data settings of a dataset, as in a :func:`panel` key."""
+    if ds == "synthetic":
+        return (fig4.FIG4_SYNTHETIC["alpha"], fig4.FIG4_SYNTHETIC["beta"])
+    return (1,)
+
+
+def is_paper_setting(key: tuple) -> bool:
+    """Whether a :func:`panel` key has the paper's data: Synthetic with
+    zeta = 1000, beta = 10 and 30 parties, or 1000 one-digit MNIST parties."""
+    _, ds, data, parties = key
+    return data == _paper_data(ds) and parties == fig4.FIG4_SETTINGS[ds]["parties"]
+
+
+def panel_order(key: tuple) -> tuple:
+    """Tag "paper" first, then the paper's data settings (the paper's alpha,
+    beta or digits before the paper's number of parties), synthetic first."""
+    tag, ds, data, parties = key
+    return (tag != "paper", tag, data != _paper_data(ds),
+            parties != fig4.FIG4_SETTINGS[ds]["parties"], DATASETS.index(ds),
+            data, parties)
+
+
 def title(r: dict) -> str:
     """A panel's name from one of its records."""
     if r["dataset"] == "synthetic":
-        return f"Synthetic({r['alpha']:g}, {r['beta']:g}), N = {r['parties']}"
+        a, b = float(r["alpha"]), float(r["beta"])
+        note = {_paper_data("synthetic"): " (the paper's)",
+                (1.0, 1.0): " (FedProx's usual)"}.get((a, b), "")
+        if np.allclose((a, b), np.sqrt(_paper_data("synthetic")), rtol=1e-4):
+            note = " (the paper's read as variances)"
+        return f"Synthetic({a:g}, {b:g}){note}, N = {r['parties']}"
     d = r["digits_per_party"]
     return f"MNIST, {d} digit{'s' * (d > 1)} a party, N = {r['parties']}"
 
@@ -130,19 +172,21 @@ def load(path: str) -> list[dict]:
 
 
 def curves(records: list[dict], key: str = "weighted",
-           tag: str = "paper") -> dict:
-    """``{(dataset, method): (rounds, [seeds, rounds] values)}`` of the records
-    tagged ``tag`` (a later record of the same dataset, method, seed and round
-    replaces an earlier one)."""
+           tag: str | None = None) -> dict:
+    """``{(panel, method): (rounds, [seeds, rounds] values)}`` of the records
+    (those tagged ``tag`` unless ``None``), ``panel`` as :func:`panel` gives it
+    (a later record of the same panel, method, seed and round replaces an
+    earlier one)."""
     runs: dict = {}
     for r in records:
-        if r.get("tag", "paper") == tag:
-            runs.setdefault((r["dataset"], r["method"], r["seed"]), {})[
+        if tag is None or r.get("tag", "paper") == tag:
+            runs.setdefault((panel(r), r["method"], r["seed"]), {})[
                 r["round"]] = r[key]
     out: dict = {}
-    for (ds, m, _), pts in sorted(runs.items()):
+    order = sorted(runs.items(), key=lambda kv: (panel_order(kv[0][0]), *kv[0][1:]))
+    for (pk, m, _), pts in order:
         rounds = tuple(sorted(pts))
-        prev = out.setdefault((ds, m), (rounds, []))
+        prev = out.setdefault((pk, m), (rounds, []))
         if prev[0] == rounds:  # seeds with other evaluation rounds are left out
             prev[1].append([pts[t] for t in rounds])
     return {k: (np.asarray(r), np.asarray(v, float)) for k, (r, v) in out.items()}
@@ -158,24 +202,22 @@ def _stat(v: np.ndarray) -> str:
 
 def report(path: str) -> str:
     """Markdown tables: final test accuracy (mean ± std over seeds, ddof 1) per
-    method, dataset and tag, and the best Fed+ variant against FedProx and
-    against the best baseline."""
+    method and :func:`panel` (tag, dataset, data settings), and the best Fed+
+    variant against FedProx and against the best baseline."""
     records = load(path)
-    tags = sorted({r.get("tag", "paper") for r in records},
-                  key=lambda t: (t != "paper", t))
     lines = []
-    for tag in tags:
-        for ds in DATASETS:
-            lines += _table(records, tag, ds)
+    for pk in sorted({panel(r) for r in records}, key=panel_order):
+        lines += _table(records, pk)
     return "\n".join(lines)
 
 
-def _table(records: list[dict], tag: str, ds: str) -> list[str]:
-    finals = {key: {m: c[1][:, -1] for (d, m), c in curves(records, key, tag).items()
-                    if d == ds} for key in ("weighted", "party_avg")}
+def _table(records: list[dict], pk: tuple) -> list[str]:
+    tag = pk[0]
+    finals = {key: {m: c[1][:, -1] for (p, m), c in curves(records, key).items()
+                    if p == pk} for key in ("weighted", "party_avg")}
     if not finals["weighted"]:
         return []
-    runs = [r for r in records if r["dataset"] == ds and r.get("tag", "paper") == tag]
+    runs = [r for r in records if panel(r) == pk]
     last_round = max(r["round"] for r in runs)
     finals["global_weighted"] = {
         m: np.asarray([r["global_weighted"] for r in runs if r["method"] == m
@@ -202,7 +244,7 @@ def _table(records: list[dict], tag: str, ds: str) -> list[str]:
                      f"{_stat(g) if len(g) else ''} | {wall[m].mean():.0f} |")
     lines.append("")
     for key in ("weighted", "party_avg"):
-        lines += _comparison(ds, key, finals[key])
+        lines += _comparison(pk, key, finals[key])
     return lines + [""] + _sampled_table(runs, last_round)
 
 
@@ -226,9 +268,10 @@ def _sampled_table(runs: list[dict], last_round: int) -> list[str]:
             *rows, ""]
 
 
-def _comparison(ds: str, key: str, final: dict) -> list[str]:
+def _comparison(pk: tuple, key: str, final: dict) -> list[str]:
     """The best Fed+ variant (by mean) against FedProx and the best baseline,
-    in points and relative, and the mean of the three Fed+ variants."""
+    in points and relative, and the mean of the three Fed+ variants (beside
+    the paper's where the data are the paper's)."""
     plus = [m for m in fig4.FIG4_PLUS if m in final]
     base = [m for m in fig4.FIG4_BASELINES if m in final]
     if not plus or not base:
@@ -251,14 +294,16 @@ def _comparison(ds: str, key: str, final: dict) -> list[str]:
                    f"({avg:.2f}): {d:+.2f} points, {100 * d / avg:+.2f} % relative")
     if len(plus) == 3:
         avg = np.mean([final[m].mean() for m in plus])
-        out.append(f"- {key}: mean of the three Fed+ variants {avg:.2f} (paper: "
-                   f"{PAPER_PLUS_MEAN[ds]:.2f})")
+        paper = (f"paper: {PAPER_PLUS_MEAN[pk[1]]:.2f}" if is_paper_setting(pk)
+                 else "not the paper's data setting")
+        out.append(f"- {key}: mean of the three Fed+ variants {avg:.2f} ({paper})")
     return out
 
 
 def plot(path: str, out: str, tag: str = "paper") -> list[str]:
-    """One panel per dataset: test accuracy (weighted by test samples) against
-    rounds, one line per method (mean over seeds, shaded ± std)."""
+    """One panel per dataset and data setting of the records tagged ``tag``
+    (the paper's settings first): test accuracy (weighted by test samples)
+    against rounds, one line per method (mean over seeds, shaded ± std)."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
@@ -266,23 +311,22 @@ def plot(path: str, out: str, tag: str = "paper") -> list[str]:
 
     records = load(path)
     cs = curves(records, "weighted", tag)
-    panels = [ds for ds in DATASETS if any(d == ds for d, _ in cs)]
+    panels = sorted({pk for pk, _ in cs}, key=panel_order)
     colors = plots.model_colors(NAMES[m] for m in METHODS)
     fig = Figure(figsize=(5.5 * len(panels), 4.0), layout="constrained")
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
-    for ax, ds in zip(axes, panels):
+    for ax, pk in zip(axes, panels):
         for m in METHODS:
-            if (ds, m) not in cs:
+            if (pk, m) not in cs:
                 continue
-            rounds, v = cs[(ds, m)]
+            rounds, v = cs[(pk, m)]
             mean, std = v.mean(0), v.std(0, ddof=1) if len(v) > 1 else 0 * v[0]
             style = "-" if m in fig4.FIG4_PLUS else "--"
             ax.plot(rounds, mean, style, color=colors[NAMES[m]], lw=1.6,
                     label=f"{NAMES[m]} ({len(v)} seeds)")
             ax.fill_between(rounds, mean - std, mean + std, color=colors[NAMES[m]],
                             alpha=0.15, lw=0)
-        ax.set_title(title(next(r for r in records if r["dataset"] == ds
-                                and r.get("tag", "paper") == tag)))
+        ax.set_title(title(next(r for r in records if panel(r) == pk)))
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("round")
         ax.set_ylabel("test accuracy % (weighted by test samples)")
@@ -304,7 +348,8 @@ def main(argv=None):
                    "left out for it")
     p.add_argument("--tag", default="paper",
                    help="label of this configuration in the records (report and "
-                   "plot group by it; the plot shows one tag)")
+                   "plot group by it and by the data settings; the plot shows "
+                   "one tag)")
     p.add_argument("--progress", action="store_true")
     p.add_argument("--plot", default=None, metavar="JSONL",
                    help="plot these records to --plot-out and exit")

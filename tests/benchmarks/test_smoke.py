@@ -163,8 +163,16 @@ def test_fedplus_fig4_smoke(tmp_path):
     plus = last[("fedavg_plus", 1)]
     assert plus["view"] == "personal" and plus["delta"] == 0.001
     assert plus["trained_parties"] <= 12 and "git_sha" in plus
+    assert (plus["alpha"], plus["beta"]) == (1000.0, 10.0)  # the paper's default
+    # FedProx's usual Synthetic(1, 1) under the same tag stays apart from it
+    mod.main(["--datasets", "synthetic", "--methods", "fedprox", "--seeds", "0",
+              "--set", "rounds=2", "eval_every=1", "parties=12",
+              "local_epochs=0.2", "alpha=1", "beta=1", "--out", str(out)])
     table = mod.report(str(out))
     assert "| FedAvg+ | personal | 2 |" in table and "best Fed+ (FedAvg+" in table
+    paper, usual = table.split("**Synthetic(1, 1) (FedProx's usual), N = 12**")
+    assert paper.startswith("**Synthetic(1000, 10) (the paper's), N = 12**")
+    assert "| FedProx | global | 2 |" in paper and "| FedProx | global | 1 |" in usual
     assert mod.plot(str(out), str(png)) == [str(png), str(tmp_path / "f.pdf")]
     assert png.stat().st_size > 0
 
