@@ -70,10 +70,11 @@ settings = _presets.fedplus_settings  # the paper's §5.1 hyperparameters for a 
 
 
 @functools.cache
-def load(dataset, seed, noise_scale, negation):
-    """(FederatedData, model) of a row (the data options only matter for MNIST)."""
+def load(dataset, seed, noise_scale, negation, spread):
+    """(FederatedData, model) of a row (noise and negation: MNIST; spread: the
+    regression)."""
     if dataset == "synthetic":
-        return _presets.fedplus_data(dataset, seed)
+        return _presets.fedplus_data(dataset, seed, spread=spread)
     return _presets.fedplus_data(dataset, seed, noise_scale=noise_scale,
                                  negation=negation)
 
@@ -91,7 +92,7 @@ def final_metrics(row: dict, dataset: str, view: str, scale: float) -> dict:
 
 
 def run_one(dataset, method, seed, args, meta):
-    fed, model = load(dataset, seed, args.noise_scale, args.negation)
+    fed, model = load(dataset, seed, args.noise_scale, args.negation, args.spread)
     s = settings(dataset)
     s.update({k: v for k, v in (("lr", args.lr), ("sigma", args.sigma),
                                 ("batch", args.batch)) if v is not None})
@@ -115,6 +116,8 @@ def run_one(dataset, method, seed, args, meta):
                   cohort_size=args.cohort_size, num_clients=fed.num_clients)
     if dataset != "synthetic":
         config.update(noise_scale=args.noise_scale, negation=args.negation)
+    else:
+        config.update(spread=args.spread)
     records = []
     for row in res.history:
         rec = dict(meta, **config, wall_s=wall, **row)
@@ -317,6 +320,8 @@ def main(argv=None):
                    help="MNIST-personal: Laplace noise scale on the noisy classes")
     p.add_argument("--negation", default="complement", choices=["complement", "sign"],
                    help="MNIST: negated images are 1 - x or -x")
+    p.add_argument("--spread", default="variance", choices=["variance", "std"],
+                   help="regression: the paper's N(0, s) read as a variance or a std")
     p.add_argument("--tag", default="paper",
                    help="label of this configuration in the records and report")
     p.add_argument("--agg-set", default="all", choices=["all", "sampled"])

@@ -368,6 +368,7 @@ def fedplus_synthetic_regression(
     *,
     dim: int = 1000,
     samples_per_client: int = 100,
+    spread: str = "variance",
     fractions: Fractions = (0.5, 0.0, 0.5),
     seed: int = 0,
 ) -> FedPlusRegression:
@@ -379,23 +380,26 @@ def fedplus_synthetic_regression(
     ``w_k = w_bar + Laplace(0.5)`` with ``w_bar ~ N(0, 5 I)``; the last party (the
     outlier) uses its own ``w_bar' ~ N(0, 50 I)``. Noise ``v ~ N(0, 2)``. All
     ``N(0, s)`` read ``s`` as a variance (the paper does not say). Targets are
-    ``[n, 1]``; split 50/50 train/test.
+    ``[n, 1]``; split 50/50 train/test. ``spread="std"`` reads every ``N(0, s)``
+    (and the ``5 I`` / ``50 I`` covariances) as a standard deviation instead.
     """
     num_clients = check_int("num_clients", num_clients, lo=1)
     dim = check_int("dim", dim, lo=1)
     n = check_int("samples_per_client", samples_per_client, lo=1)
+    check_choice("spread", spread, ("variance", "std"))
+    sd = np.sqrt if spread == "variance" else (lambda v: v)
     rng = np.random.default_rng(seed)
     cov = (((np.arange(1, dim + 1) - 1) % 50) + 1.0) ** -1.1
-    w_bar = rng.normal(0.0, np.sqrt(5.0), dim)
-    w_out = rng.normal(0.0, np.sqrt(50.0), dim)
+    w_bar = rng.normal(0.0, sd(5.0), dim)
+    w_out = rng.normal(0.0, sd(50.0), dim)
     w = np.empty((num_clients, dim))
     clients = []
     for k in range(num_clients):
         base = w_out if k == num_clients - 1 else w_bar
         w[k] = base + rng.laplace(0.0, 0.5, dim)
-        mu = rng.normal(0.0, np.sqrt(0.5), dim)
+        mu = rng.normal(0.0, sd(0.5), dim)
         x = mu + rng.normal(size=(n, dim)) * np.sqrt(cov)
-        y = x @ w[k] + rng.normal(0.0, np.sqrt(2.0), n)
+        y = x @ w[k] + rng.normal(0.0, sd(2.0), n)
         clients.append((x.astype(np.float32), y[:, None].astype(np.float32)))
     outlier = np.arange(num_clients) == num_clients - 1
     return FedPlusRegression(split_clients(clients, fractions, seed=seed), w, outlier)

@@ -216,10 +216,10 @@ def fedplus_settings(dataset: str) -> dict:
 
 
 def fedplus_data(dataset: str, seed: int, *, noise_scale: float = 0.5,
-                 negation: str = "complement"):
+                 negation: str = "complement", spread: str = "variance"):
     """``(FederatedData, model)`` of a Fed+ Table 2 row."""
     if dataset == "synthetic":
-        reg = data.fedplus_synthetic_regression(10, seed=seed)
+        reg = data.fedplus_synthetic_regression(10, spread=spread, seed=seed)
         return reg.data, models.linear_regression((1000,), 1)
     _, kind, n = dataset.split("-")
     x_tr, y_tr, x_te, y_te = data.load_mnist()
@@ -290,7 +290,7 @@ def fedplus_algorithm(method, model, *, lr, sigma, batch, local_steps, cohort_si
 def _fedplus(cfg):
     fed, model = fedplus_data(cfg["dataset"], cfg["seed"],
                               noise_scale=cfg["noise_scale"],
-                              negation=cfg["negation"])
+                              negation=cfg["negation"], spread=cfg["spread"])
     s = fedplus_settings(cfg["dataset"])
     model = scaled_loss(model, loss_scale(cfg["loss"], s["batch"], fed))
     alg = fedplus_algorithm(
@@ -341,6 +341,10 @@ _register(Preset(
                             "classes (not given by the paper)", low=0.0,
                             only_if=("dataset", ("mnist-personal-10",
                                                  "mnist-personal-50"))),
+         "spread": Key("variance", "the regression's N(0, s): s is a variance "
+                       "or a standard deviation (the paper does not say)",
+                       choices=("variance", "std"),
+                       only_if=("dataset", ("synthetic",))),
          "negation": Key("complement", "negated images: 1 - x or -x",
                          choices=("complement", "sign"),
                          only_if=("dataset", FEDPLUS_DATASETS[:4]))},

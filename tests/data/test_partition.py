@@ -284,6 +284,12 @@ def test_fedplus_synthetic_regression_outlier():
     benign = r.w_true[:9]
     spread = np.linalg.norm(benign - benign.mean(0), axis=1).max()
     assert np.linalg.norm(r.w_true[9] - benign.mean(0)) > 2 * spread
+    # spread="std": N(0, 5 I) has std 5, not sqrt(5), around the same draws
+    s = fdata.fedplus_synthetic_regression(10, dim=200, spread="std", seed=0)
+    ratio = np.std(s.w_true[:9].mean(0)) / np.std(r.w_true[:9].mean(0))
+    assert 1.8 < ratio < 2.7  # sqrt(5) ~ 2.24
+    with pytest.raises(ValueError, match="spread"):
+        fdata.fedplus_synthetic_regression(10, spread="var")
 
 
 # ---------------------------------------------------------- FEMNIST, natural
