@@ -552,6 +552,7 @@ def test_data_dir_from_env(tmp_path, monkeypatch):
 # ---------------------------------------------------------------- real files
 
 
+@pytest.mark.slow  # ~12 s: reads all of FEMNIST; run with -m slow
 @real
 def test_real_femnist_counts():
     fd = D.load_femnist()

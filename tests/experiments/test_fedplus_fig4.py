@@ -125,7 +125,9 @@ def _fake_mnist(monkeypatch):
 # every method on the synthetic data; two on (fake) MNIST, whose algorithms are
 # the same: only the data differ
 @pytest.mark.parametrize("dataset, methods", [
-    ("synthetic", fig4.FIG4_METHODS), ("mnist", ("fedavg", "fedgeomed_plus"))])
+    ("synthetic", ("fedprox", "rfa", "fedcomed_plus")),
+    pytest.param("synthetic", fig4.FIG4_METHODS, marks=pytest.mark.slow),  # ~15 s
+    ("mnist", ("fedavg", "fedgeomed_plus"))])
 def test_preset_runs_every_method(monkeypatch, dataset, methods):
     _fake_mnist(monkeypatch)
     for method in methods:

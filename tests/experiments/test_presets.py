@@ -154,6 +154,7 @@ def test_vehicle_preset_on_real_data(tmp_path):
         assert len(list(csv.DictReader(fh))) == 23
 
 
+@pytest.mark.slow  # ~15 s; run with -m slow
 def test_lindt_preset_reports_gain_and_delta(tmp_path):
     res = experiments.run_preset(
         "lindt-table3", {"data": "synthetic", "clients": "10", "cohort_size": "2",
@@ -337,6 +338,7 @@ def test_ditto_presets_a3_scale(tmp_path):
                                out=tmp_path / "a1")
 
 
+@pytest.mark.slow  # ~20 s: one run per rule; run with -m slow
 def test_ditto_presets_choose_the_global_models_aggregator(tmp_path):
     """Ditto + robust aggregation (the paper's Tables 3 and 6): the preset's
     aggregator drives the global model, so Ditto's global model is the robust

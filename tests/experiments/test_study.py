@@ -296,6 +296,7 @@ def test_resume_without_checkpoints_is_refused(tmp_path):
                                resume=True, progress=False)
 
 
+@pytest.mark.slow  # ~20 s, a CLI subprocess (test_interrupt.py covers the driver)
 def test_ctrl_c_on_the_command_line_stops_with_one_line(tmp_path):
     out = tmp_path / "r"
     cmd = [sys.executable, "-m", "fedjax_pfl.experiments._cli", "run",
