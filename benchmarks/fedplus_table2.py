@@ -219,7 +219,8 @@ def ordering(means: dict, dataset: str) -> str:
     """Whether the paper's Table 2 ordering holds: FedGeoMed+ best of the Fed+
     variants and, on MNIST, FedCoMed+ below FedAvg+: ``yes``, ``no``, or
     ``tied`` when it holds by less than 0.5 point (MNIST) / 1 % (MSE)."""
-    g, a, c = (means.get(m) for m in FEDPLUS_PLUS)
+    g, a, c = (means.get(m) for m in ("fedgeomed_plus", "fedavg_plus",
+                                      "fedcomed_plus"))
     if None in (g, a, c):
         return ""
     if not np.all(np.isfinite([g, a, c])):
@@ -231,9 +232,6 @@ def ordering(means: dict, dataset: str) -> str:
     if min(gaps) <= 0:
         return "no"
     return "tied" if min(gaps) < (0.01 if dataset == "synthetic" else 0.5) else "yes"
-
-
-FEDPLUS_PLUS = ("fedgeomed_plus", "fedavg_plus", "fedcomed_plus")
 
 
 def summary(last: dict, tags) -> list:
@@ -252,12 +250,12 @@ def summary(last: dict, tags) -> list:
             means = {m: float(np.mean(v)) for m, v in vals.items()}
             seeds = max(len(v) for v in vals.values())
             pick = min if ds == "synthetic" else max
-            rest = [m for m in means if m not in FEDPLUS_PLUS + ("local",)]
-            best = (f"{NAMES[pick(rest, key=means.get)]} "
-                    f"{means[pick(rest, key=means.get)]:.2f}") if rest else ""
+            shown = _presets.FEDPLUS_PLUS + ("local",)
+            rest = [m for m in means if m not in shown]
+            top = pick(rest, key=means.get) if rest else None
+            best = f"{NAMES[top]} {means[top]:.2f}" if top else ""
             cells = " | ".join(f"{means[m]:.2f}" if m in means else ""
-                               for m in ("fedavg_plus", "fedgeomed_plus",
-                                         "fedcomed_plus", "local"))
+                               for m in shown)
             lines.append(f"| {tag} | {ds} | {seeds} | {cells} | {best} | "
                          f"{ordering(means, ds)} |")
     return lines + [""]
@@ -272,7 +270,7 @@ def table2(last: dict, plus_tag: str = "batch-sum", base_tag: str = "paper") -> 
     batch-sum reading (``plus_tag``), local training under both; mean +- std
     over seeds (ddof 1), the paper's number on the next line."""
     cols = [(m, base_tag) for m in BASELINES] + [
-        (m, plus_tag) for m in ("fedavg_plus", "fedgeomed_plus", "fedcomed_plus")] + [
+        (m, plus_tag) for m in _presets.FEDPLUS_PLUS] + [
         ("local", base_tag), ("local", plus_tag)]
     head = [NAMES[m] if m != "local" else
             f"Local ({'mean loss' if t == base_tag else 'batch sum'})" for m, t in cols]

@@ -259,8 +259,8 @@ def fedplus_algorithm(method, model, *, lr, sigma, batch, local_steps, cohort_si
     (sigma 0, Psi = l2 with delta 1e-6) and local training."""
     common = dict(num_local_steps=local_steps, batch_size=batch,
                   cohort_size=cohort_size)
-    plus = dict(common, client_lr=lr, delta=delta, agg_set=agg_set,
-                agg_method=agg_method, weighted=False)
+    fl = dict(common, client_lr=lr, weighted=False)  # unweighted means throughout
+    plus = dict(fl, delta=delta, agg_set=agg_set, agg_method=agg_method)
     if method in FEDPLUS_PLUS:
         return getattr(algorithms, method)(model, sigma=sigma, init_mix=init_mix,
                                            **plus)
@@ -271,17 +271,16 @@ def fedplus_algorithm(method, model, *, lr, sigma, batch, local_steps, cohort_si
         return algorithms.fedplus(model, psi="l2", sigma=0.0, init_mix=1.0,
                                   **dict(plus, delta=1e-6, agg_set="sampled"))
     if method == "scaffold":
-        return algorithms.scaffold(model, client_lr=lr, weighted=False, **common)
+        return algorithms.scaffold(model, **fl)
     if method == "pfedme":  # pFedMe's MNIST lambda 15 and K = 5 inner steps
-        return algorithms.pfedme(model, lam=15.0, inner_steps=5, inner_lr=lr,
-                                 client_lr=lr, weighted=False, **common)
+        return algorithms.pfedme(model, lam=15.0, inner_steps=5, inner_lr=lr, **fl)
     if method == "perfedavg":  # personalized by one step of size alpha
         return algorithms.per_fedavg(model, alpha=lr, beta=lr, weighted=False,
                                      finetune_steps=1, **common)
     if method == "apfl":  # APFL's adaptive alpha from 0.01
-        return algorithms.apfl(model, client_lr=lr, weighted=False, **common)
+        return algorithms.apfl(model, **fl)
     if method == "fedavg":
-        return algorithms.fedavg(model, client_lr=lr, weighted=False, **common)
+        return algorithms.fedavg(model, **fl)
     if method == "local":
         return algorithms.local_only(model, client_lr=lr, **common)
     raise ValueError(f"method: must be one of {FEDPLUS_METHODS}, got {method!r}")
