@@ -113,6 +113,12 @@ def main(argv=None):
                         "size (the paper's eq. 12; not accounted, no epsilon; the "
                         "rows recorded before 2026-11-24 used it)")
     p.add_argument("--max-examples", type=int, default=None, help="smoke runs only")
+    p.add_argument("--checkpoint-dir", default=None,
+                   help="checkpoint each run into DIR/<dataset>_<method>_s<seed>")
+    p.add_argument("--checkpoint-every", type=int, default=None,
+                   help="rounds between checkpoints (a multiple of --eval-every)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue each run from its newest checkpoint")
     args = parse_or_report(p, argv, report)
     if args is None:
         return []
@@ -134,17 +140,21 @@ def main(argv=None):
             mech = alg.privacy(fed) if m in PRIVATE else None
             mon = (privacy.Monitor(mech, DELTA) if mech is not None and mech.accounted
                    else None)
+            ckdir = args.checkpoint_dir and os.path.join(
+                args.checkpoint_dir, f"{ds}_{m}_s{args.seed}")
             res = simulate(alg, fed, num_rounds=rounds[m],
                            eval_every=min(args.eval_every, rounds[m]),
                            key=jax.random.key(args.seed), splits=("test",),
                            progress=True, privacy=mon, engine=EngineConfig(
-                               None if args.strategy == "auto" else args.strategy))
+                               None if args.strategy == "auto" else args.strategy),
+                           checkpoint_dir=ckdir, checkpoint_every=args.checkpoint_every,
+                           resume=args.resume)
             last = res.history[-1]
             rec = {**_meta(), "dataset": ds, "method": m, "seed": args.seed,
                    "wall_s": time.perf_counter() - t0, "target_epsilon": eps,
                    "epsilon": last.get("privacy/epsilon"), "q": args.q,
                    "clip": args.clip, "sigma": args.sigma, "lam": args.lam,
-                   "normalize": args.normalize,
+                   "normalize": args.normalize, "resumed": args.resume,
                    "not_accounted": None if mech is None else mech.reason,
                    "lr": args.lr if m in PRIVATE else args.lr_nonprivate, **{k: v for k, v in last.items()
                                      if k.startswith(("global/", "round", "train/"))}}
