@@ -116,12 +116,21 @@ def loop_round(model, data, args):
     return out, compile_s, t
 
 
-def _meta():
+def _git_sha() -> str:
     try:
-        sha = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"],
-                                      stderr=subprocess.DEVNULL, text=True).strip()
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"],
+                                       stderr=subprocess.DEVNULL, text=True).strip()
     except Exception:
-        sha = "unknown"
+        return "unknown"
+
+
+# the commit whose code this process imported: a record written hours later,
+# after further commits, still names the code that produced it
+_GIT_SHA = _git_sha()
+
+
+def _meta():
+    sha = _GIT_SHA
     dev = jax.devices()[0]
     return {"jax": jax.__version__, "backend": jax.default_backend(),
             "device_kind": dev.device_kind, "num_devices": jax.device_count(),
