@@ -6,8 +6,8 @@ sizes), 10 % of the clients per round, 20 % semantic-backdoor attackers (deer ->
 horse, dog -> frog, 3 poisoned samples per batch of 10 in expectation, 5 local
 epochs against 1), client-level DP (clip S = 15, Gaussian noise added once to
 the average, Eq. 4). Reduced: real CIFAR-10 downsampled to 16x16x3 with an MLP
-instead of the 940,362-parameter CNN (a round of the CNN takes about 10-20 s on
-a 2-core CPU), fewer rounds, the noise std scaled so that ||noise|| equals the
+instead of the 940,362-parameter CNN (about 0.43 TFLOP a round; its time on a
+CPU was not measured), fewer rounds, the noise std scaled so that ||noise|| equals the
 paper's 0.97 (sigma = 0.9697 / sqrt(d)), r' scaled with the number of rounds.
 
 Methods: FedAvg (``lindt(mode='off')``), FB (top-layer finetuning of that same
