@@ -17,3 +17,17 @@ jax.config.update("jax_num_cpu_devices", 4)
 jax.config.update("jax_platforms", "cpu")
 
 DATA_DIR = os.environ.get("FEDJAX_PFL_DATA_DIR")
+
+# Persistent compilation cache: the suite builds the same small programs many
+# times over (every simulate/run_preset jits a fresh closure), and XLA's cache
+# keys on the program, so later compiles of an identical program are loads.
+# Shared by the xdist workers; FEDJAX_PFL_TEST_JAX_CACHE=0 turns it off, a path
+# moves it (a clean machine, as in CI, starts with it empty).
+_CACHE = os.environ.get("FEDJAX_PFL_TEST_JAX_CACHE", "")
+if _CACHE != "0":
+    import tempfile  # noqa: E402
+
+    jax.config.update("jax_compilation_cache_dir", _CACHE or os.path.join(
+        tempfile.gettempdir(), f"fedjax_pfl-test-jax-cache-{os.getuid()}"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
