@@ -54,6 +54,9 @@ PAPER = {"fedavg": (55.63, 56.19, -17.83), "fedprox": (55.20, 55.92, -18.10),
          "tm": (55.67, 56.70, -17.32), "fb": (None, 81.17, 7.15),
          "apfl": (54.90, 80.61, 6.59), "lindt": (55.73, 81.61, 7.59),
          "lindt_tm": (56.23, 82.82, 8.80), "lindt_detect": (None, None, None)}
+# the detector's inputs, recorded every round (the operating characteristic is
+# computed from them: benchmarks/lindt_detector.py)
+SERIES = ("nfl/delta", "nfl/w_div", "nfl/noise_norm", "server/update_norm")
 COLORS = dict(zip(METHODS, ("tab:red", "tab:orange", "tab:brown", "tab:purple",
                              "tab:pink", "tab:blue", "tab:cyan", "tab:green")))
 
@@ -91,7 +94,7 @@ def run_method(method, dual, fd, mal, private_acc, args, noise_std, key):
     for r in range(1, args.rounds + 1):
         state, m = step(state, fd, key)
         per_round.append({k: float(v) for k, v in m.items()
-                          if k.startswith(("nfl/", "lindt/"))})
+                          if k.startswith(("nfl/", "lindt/", "server/"))})
         if r % args.eval_every == 0 or r == args.rounds:
             acc = {k: np.asarray(v) for k, v in ev(state, fd).items()}
             row = {"round": r, "central": 100 * float(np.nansum(acc["global"] * counts)
@@ -186,7 +189,9 @@ def main(argv=None):
                                                   window=args.tail)["in_nfl"],
                        detect_round=int(per_round[-1].get("nfl/detect_round", -1)),
                        delta_above_eps=int(per_round[-1].get("nfl/count", 0)),
-                       history=rs)
+                       history=rs, per_round={
+                           k: [r[k] for r in per_round] for k in SERIES
+                           if k in per_round[0]})
             records.append(rec)
             print(f"{NAMES[name]:>26}: central {rec['central']:.2f} local "
                   f"{rec['local']:.2f} beta {rec['beta']:+.2f} (all clients "

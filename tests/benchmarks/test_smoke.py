@@ -188,6 +188,9 @@ def test_lindt_nfl_smoke(tmp_path):
     by = {r["method"]: r for r in recs}
     assert set(by) == {"fedavg", "fb", "lindt_detect"}
     assert by["lindt_detect"]["detect_round"] == 1  # Delta > eps in round 1: count > 0
+    series = by["fedavg"]["per_round"]  # the detector's inputs, every round
+    assert set(series) == set(_load("lindt_nfl").SERIES)
+    assert all(len(v) == 2 for v in series.values())
     for r in recs:  # Local - beta = the benign clients' mean private accuracy
         assert abs(r["local"] - r["beta"] - r["private_acc_benign"]) < 1e-3
     assert png.stat().st_size > 0 and len(out.read_text().splitlines()) == 3

@@ -1,0 +1,131 @@
+"""LINDT's NFL detector against a normal federation: its operating characteristic.
+
+The detector (LINDT, Alg. 2) counts the rounds in which ``Delta = W_div -
+||noise||`` exceeds ``eps`` and flags negative federated learning once the count
+passes ``r'``. Its false-alarm rate is the share of NORMAL federations (IID data,
+no attackers, the same DP and participation: the paper's "normal FL") that it
+flags; its detection rate the share of NFL federations (Mixed non-IID, 20 %
+backdoor attackers) that it flags, and the delay the round of the flag.
+
+This script reads the per-round detector inputs that ``benchmarks/lindt_nfl.py``
+records (``per_round``: Delta, W_div, ||noise||, the aggregate's norm) for FedAvg
+with the detector watching, groups the runs by environment, and reports:
+
+* the paper's rule (``eps`` and ``r'`` of the runs): flagged runs and the round;
+* the rule's operating characteristic over a grid of ``eps`` (``r'`` fixed):
+  detection rate on NFL runs and false-alarm rate on normal runs;
+* the same for a scale-free statistic, ``Delta / ||aggregate||`` (how far the
+  clients' models sit from the new global model, in units of the global
+  model's own step), with its threshold swept the same way.
+
+    # the runs (FedAvg only, 3 seeds, both environments, both noise levels)
+    for s in 0 1 2; do
+      python benchmarks/lindt_nfl.py --methods fedavg --rounds 200 --hidden 128 64 \\
+          --seed $s --out docs/results/lindt_detector.jsonl
+      python benchmarks/lindt_nfl.py --methods fedavg --rounds 200 --hidden 128 64 \\
+          --scheme iid --attack-ratio 0 --seed $s --out docs/results/lindt_detector.jsonl
+    done
+    python benchmarks/lindt_detector.py docs/results/lindt_detector.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+
+import numpy as np
+
+
+def environment(r) -> str:
+    nfl = r["scheme"] != "iid" or r["attack_ratio"] > 0
+    return (f"{'NFL' if nfl else 'normal'} ({r['scheme']}, "
+            f"{100 * r['attack_ratio']:.0f} % attackers, noise std "
+            f"{r['noise_std']:.3g})")
+
+
+def flag_round(stat, eps, r_prime) -> int | None:
+    """The 1-based round in which ``count(stat > eps)`` first exceeds ``r'``."""
+    count = np.cumsum(np.asarray(stat) > eps)
+    hit = np.nonzero(count > r_prime)[0]
+    return int(hit[0]) + 1 if hit.size else None
+
+
+def statistics(r) -> dict[str, np.ndarray]:
+    pr = r["per_round"]
+    delta = np.asarray(pr["nfl/delta"])
+    return {"Delta": delta,
+            "Delta / ||aggregate||": delta / np.maximum(
+                np.asarray(pr["server/update_norm"]), 1e-12)}
+
+
+def report(records, grid=None) -> str:
+    runs = defaultdict(list)
+    for r in records:
+        if r.get("method") == "fedavg" and "per_round" in r:
+            runs[(r["noise_std"], environment(r))].append(r)
+    if not runs:
+        return "no FedAvg records with per-round detector inputs"
+    out = []
+    for noise in sorted({k[0] for k in runs}):
+        envs = {e: rs for (n, e), rs in runs.items() if n == noise}
+        out.append(f"## noise std {noise:.3g}\n")
+        out.append("| environment | seeds | beta, last evals (benign) | rounds with "
+                   "Delta > eps | median Delta, last 50 rounds | flagged at "
+                   "(paper's rule) |")
+        out.append("|---|---|---|---|---|---|")
+        for env, rs in sorted(envs.items()):
+            eps, rp = rs[0]["eps"], rs[0]["r_prime"]
+            flags = [flag_round(r["per_round"]["nfl/delta"], eps, rp) for r in rs]
+            above = [int(np.sum(np.asarray(r["per_round"]["nfl/delta"]) > eps))
+                     for r in rs]
+            med = [float(np.median(r["per_round"]["nfl/delta"][-50:])) for r in rs]
+            out.append(
+                f"| {env} | {len(rs)} | "
+                + ", ".join(f"{r['beta']:+.2f}" for r in rs) + " | "
+                + ", ".join(f"{a}/{len(r['per_round']['nfl/delta'])}"
+                            for a, r in zip(above, rs)) + " | "
+                + ", ".join(f"{m:.3g}" for m in med) + " | "
+                + ", ".join(str(f) if f else "never" for f in flags) + " |")
+        nfl = [r for e, rs in envs.items() if e.startswith("NFL") for r in rs]
+        normal = [r for e, rs in envs.items() if e.startswith("normal") for r in rs]
+        if not (nfl and normal):
+            out.append("\n(no pair of NFL and normal runs at this noise: no "
+                       "operating characteristic)\n")
+            continue
+        rp = nfl[0]["r_prime"]
+        for name in ("Delta", "Delta / ||aggregate||"):
+            vals = np.concatenate([statistics(r)[name] for r in nfl + normal])
+            thresholds = grid or np.quantile(vals, np.linspace(0.05, 0.95, 10))
+            out.append(f"\n{name}, r' = {rp}: detection (NFL runs flagged) and false "
+                       "alarms (normal runs flagged) per threshold\n")
+            out.append("| threshold | detection | false alarms | mean flag round "
+                       "(NFL) |")
+            out.append("|---|---|---|---|")
+            for t in thresholds:
+                fn = [flag_round(statistics(r)[name], t, rp) for r in nfl]
+                fa = [flag_round(statistics(r)[name], t, rp) for r in normal]
+                det = [f for f in fn if f]
+                out.append(f"| {t:.4g} | {len(det)}/{len(nfl)} | "
+                           f"{sum(f is not None for f in fa)}/{len(normal)} | "
+                           f"{np.mean(det) if det else float('nan'):.0f} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("jsonl", help="records of benchmarks/lindt_nfl.py")
+    p.add_argument("--thresholds", type=float, nargs="+", default=None,
+                   help="thresholds to sweep (default: deciles of the pooled "
+                        "statistic)")
+    args = p.parse_args(argv)
+    with open(args.jsonl) as fh:
+        records = [json.loads(line) for line in fh if line.strip()]
+    text = report(records, args.thresholds)
+    print(text)
+    return text
+
+
+if __name__ == "__main__":
+    main()

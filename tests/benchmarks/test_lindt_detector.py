@@ -1,0 +1,43 @@
+"""benchmarks/lindt_detector.py: the detector's flag round, detection and false
+alarms computed from hand-made per-round series."""
+
+import importlib.util
+import pathlib
+
+import numpy as np
+
+PATH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "lindt_detector.py"
+spec = importlib.util.spec_from_file_location("lindt_detector", PATH)
+ld = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(ld)
+
+
+def record(scheme, ratio, delta, update_norm, seed=0):
+    return {"method": "fedavg", "scheme": scheme, "attack_ratio": ratio,
+            "noise_std": 0.01, "eps": 0.1, "r_prime": 3, "seed": seed, "beta": 1.0,
+            "per_round": {"nfl/delta": list(delta),
+                          "server/update_norm": list(update_norm)}}
+
+
+def test_flag_round_counts_rounds_above_eps_until_r_prime_is_passed():
+    assert ld.flag_round([0.2, 0.0, 0.2, 0.2, 0.2, 0.2], 0.1, 3) == 5
+    assert ld.flag_round([0.2, 0.2, 0.2], 0.1, 3) is None
+    assert ld.flag_round([0.1] * 10, 0.1, 0) is None  # strictly above eps
+
+
+def test_report_separates_detection_from_false_alarms():
+    rounds = 10
+    nfl = record("mixed", 0.2, [0.5] * rounds, [1.0] * rounds)
+    # a normal federation whose Delta also stays above eps (a false alarm under
+    # the paper's rule) but is small next to the aggregate's step
+    normal = record("iid", 0.0, [0.2] * rounds, [10.0] * rounds)
+    text = ld.report([nfl, normal], grid=[0.1, 0.3])
+    rule = [ln for ln in text.splitlines() if ln.startswith("| NFL")
+            or ln.startswith("| normal")]
+    assert rule[0].endswith("| 4 |") and rule[1].endswith("| 4 |")  # both flagged
+    delta_rows = text.split("Delta, r' = 3")[1].split("Delta / ||aggregate||")[0]
+    assert "| 0.1 | 1/1 | 1/1 | 4 |" in delta_rows
+    assert "| 0.3 | 1/1 | 0/1 | 4 |" in delta_rows
+    ratio_rows = text.split("Delta / ||aggregate||, r' = 3")[1]
+    assert "| 0.1 | 1/1 | 0/1 | 4 |" in ratio_rows  # 0.5 vs 0.02: separated
+    assert np.isfinite(float(rule[0].split("|")[5]))
