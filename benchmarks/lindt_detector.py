@@ -23,7 +23,8 @@ with the detector watching, groups the runs by environment, and reports:
       python benchmarks/lindt_nfl.py --methods fedavg --rounds 200 --hidden 128 64 \\
           --seed $s --out docs/results/lindt_detector.jsonl
       python benchmarks/lindt_nfl.py --methods fedavg --rounds 200 --hidden 128 64 \\
-          --scheme iid --attack-ratio 0 --seed $s --out docs/results/lindt_detector.jsonl
+          --scheme iid --attack-ratio 0 --seed $s \\
+          --out docs/results/lindt_detector.jsonl
     done
     python benchmarks/lindt_detector.py docs/results/lindt_detector.jsonl
 """
