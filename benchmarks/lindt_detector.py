@@ -45,6 +45,11 @@ def environment(r) -> str:
             f"{r['noise_std']:.3g})")
 
 
+def setting(r) -> tuple:
+    """What the runs compared in one table share: noise, rounds, lr schedule."""
+    return (r["noise_std"], r["rounds"], r["lr"], r["lr_decay"])
+
+
 def flag_round(stat, eps, r_prime) -> int | None:
     """The 1-based round in which ``count(stat > eps)`` first exceeds ``r'``."""
     count = np.cumsum(np.asarray(stat) > eps)
@@ -64,13 +69,15 @@ def report(records, grid=None) -> str:
     runs = defaultdict(list)
     for r in records:
         if r.get("method") == "fedavg" and "per_round" in r:
-            runs[(r["noise_std"], environment(r))].append(r)
+            runs[(setting(r), environment(r))].append(r)
     if not runs:
         return "no FedAvg records with per-round detector inputs"
     out = []
-    for noise in sorted({k[0] for k in runs}):
-        envs = {e: rs for (n, e), rs in runs.items() if n == noise}
-        out.append(f"## noise std {noise:.3g}\n")
+    for sett in sorted({k[0] for k in runs}):
+        envs = {e: rs for (n, e), rs in runs.items() if n == sett}
+        noise, rounds, lr, decay = sett
+        out.append(f"## noise std {noise:.3g}, {rounds} rounds, lr {lr:g} decaying "
+                   f"{decay:g} a round\n")
         out.append("| environment | seeds | beta, last evals (benign) | rounds with "
                    "Delta > eps | median Delta, last 50 rounds | flagged at "
                    "(paper's rule) |")

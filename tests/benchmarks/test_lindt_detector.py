@@ -14,7 +14,8 @@ spec.loader.exec_module(ld)
 
 def record(scheme, ratio, delta, update_norm, seed=0):
     return {"method": "fedavg", "scheme": scheme, "attack_ratio": ratio,
-            "noise_std": 0.01, "eps": 0.1, "r_prime": 3, "seed": seed, "beta": 1.0,
+            "noise_std": 0.01, "rounds": len(delta), "lr": 0.05, "lr_decay": 0.995,
+            "eps": 0.1, "r_prime": 3, "seed": seed, "beta": 1.0,
             "per_round": {"nfl/delta": list(delta),
                           "server/update_norm": list(update_norm)}}
 
