@@ -1,5 +1,6 @@
-"""FedFDP's Tables 1-2 setting (Ling et al.): FedAvg and FedFair (non-private),
-DP-FedAvg and FedFDP (private, the same epsilon), on MNIST / Fashion-MNIST.
+"""FedFDP's Tables 1-2 setting (Ling et al.): FedAvg, SCAFFOLD, FedProx, FedDyn,
+q-FFL and FedFair (non-private), their DP versions and FedFDP (private, the same
+epsilon), on MNIST / Fashion-MNIST.
 
 The paper's setup (Ling et al., FedFDP, arXiv 2402.16028): the official train and test
 sets pooled,
@@ -7,12 +8,16 @@ pixels normalized to [-1, 1], 10 clients by Dirichlet(0.1) label skew (seed 1,
 >= 10 rows each), 75/25 train/test per client, the FedAvgCNN (582,026
 parameters), every client every round, one local step of lr 1 on a Poisson batch
 of rate q = 0.05; private runs clip at C = 0.1 with noise multiplier 2, FedFDP
-releases its loss with C_loss = 2.5, sigma_loss = 5, lam = 0.1.
+releases its loss with C_loss = 2.5, sigma_loss = 5, lam = 0.1. The baselines'
+own hyperparameters are not in the paper: FedProx mu 0.001, FedDyn alpha 0.01,
+q-FFL q 1 (ours, ``_presets.FEDFDP_BASELINES``); DP-q-FFL releases its loss as
+FedFDP does.
 
 CPU-scale: the paper runs T ~ 683-880 rounds at epsilon 3.52; here
 ``--target-epsilon`` is smaller so that FedFDP fits ``--rounds`` rounds, and
-DP-FedAvg gets the largest T with the SAME epsilon (it spends nothing on the
-loss releases, so it runs more rounds). The non-private runs take ``--rounds``.
+every DP baseline gets the largest T with the SAME epsilon (DP-FedAvg,
+-SCAFFOLD, -FedProx and -FedDyn spend nothing on loss releases, so they run
+more rounds; DP-q-FFL releases one loss a round, as FedFDP). The non-private runs take ``--rounds``.
 Reported: the global model's test accuracy over all test rows (sample-weighted
 mean over clients) and Psi (the training-size-weighted variance of the clients'
 test losses, FedFDP eq. 6). Writes JSON lines (``--out``).
@@ -39,15 +44,37 @@ from fedjax_pfl.experiments import _presets
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from throughput import _meta, parse_or_report, write_jsonl  # noqa: E402
 
-METHODS = ("fedavg", "fedfair", "dp_fedavg", "fedfdp")
-PRIVATE = ("dp_fedavg", "fedfdp")
+# Table 1's rows (paper order), then Table 2's (the presets' FEDFDP_* tuples)
+METHODS = ("fedavg", "scaffold", "fedprox", "feddyn", "qffl", "fedfair",
+           "dp_fedavg", "dp_scaffold", "dp_fedprox", "dp_feddyn", "dp_qffl", "fedfdp")
+PRIVATE = ("dp_fedavg", "dp_scaffold", "dp_fedprox", "dp_feddyn", "dp_qffl", "fedfdp")
 DELTA = _presets.FEDFDP_DELTA
 # Tables 1-2 of the paper, (accuracy %, Psi): mean over 5 seeds
 PAPER = {
-    ("mnist", "fedavg"): ("98.67", "7.3e-3"), ("mnist", "fedfair"): ("98.75", "3.9e-3"),
-    ("mnist", "dp_fedavg"): ("93.40", "1.1e11"), ("mnist", "fedfdp"): ("95.13", "2.3e10"),
-    ("fmnist", "fedavg"): ("87.05", "3.6e-1"), ("fmnist", "fedfair"): ("87.70", "2.6e-1"),
-    ("fmnist", "dp_fedavg"): ("84.15", "3.0e8"), ("fmnist", "fedfdp"): ("85.99", "2.8e8"),
+    ("mnist", "fedavg"): ("98.67", "7.3e-3"),
+    ("mnist", "scaffold"): ("98.45", "3.0e-2"),
+    ("mnist", "fedprox"): ("98.70", "7.5e-3"),
+    ("mnist", "feddyn"): ("98.40", "8.0e-3"),
+    ("mnist", "qffl"): ("98.72", "4.7e-3"),
+    ("mnist", "fedfair"): ("98.75", "3.9e-3"),
+    ("mnist", "dp_fedavg"): ("93.40", "1.1e11"),
+    ("mnist", "dp_scaffold"): ("93.95", "7.0e10"),
+    ("mnist", "dp_fedprox"): ("90.50", "5.3e10"),
+    ("mnist", "dp_feddyn"): ("91.42", "5.6e10"),
+    ("mnist", "dp_qffl"): ("93.74", "7.8e10"),
+    ("mnist", "fedfdp"): ("95.13", "2.3e10"),
+    ("fmnist", "fedavg"): ("87.05", "3.6e-1"),
+    ("fmnist", "scaffold"): ("86.77", "6.1e0"),
+    ("fmnist", "fedprox"): ("87.30", "3.5e-1"),
+    ("fmnist", "feddyn"): ("87.48", "6.2e-1"),
+    ("fmnist", "qffl"): ("87.35", "5.1e-1"),
+    ("fmnist", "fedfair"): ("87.70", "2.6e-1"),
+    ("fmnist", "dp_fedavg"): ("84.15", "3.0e8"),
+    ("fmnist", "dp_scaffold"): ("79.41", "3.3e9"),
+    ("fmnist", "dp_fedprox"): ("83.85", "7.9e8"),
+    ("fmnist", "dp_feddyn"): ("84.04", "8.8e8"),
+    ("fmnist", "dp_qffl"): ("83.13", "4.2e9"),
+    ("fmnist", "fedfdp"): ("85.99", "2.8e8"),
 }
 
 

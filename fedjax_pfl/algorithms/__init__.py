@@ -21,6 +21,10 @@ from ._ditto_theory import (
     ditto_point_estimate_solution as ditto_point_estimate_solution,
 )
 from ._dp import dp_fedavg as dp_fedavg
+from ._dp_baselines import dp_feddyn as dp_feddyn
+from ._dp_baselines import dp_fedprox as dp_fedprox
+from ._dp_baselines import dp_qffl as dp_qffl
+from ._dp_baselines import dp_scaffold as dp_scaffold
 from ._ewc import ewc as ewc
 from ._fedavg import fedavg as fedavg
 from ._fedavg import local_only as local_only

@@ -71,37 +71,60 @@ def check_dp_aggregator(aggregator) -> None:
                          "only the uploads (mean, median, Krum, ...)")
 
 
-def dp_mechanism(cfg, dp: DPConfig, sampling: str, what: str):
+def dp_mechanism(cfg, dp: DPConfig, sampling: str, what: str, loss_release=None):
     """``data -> privacy.Mechanism`` of FedAvg's client update with local DP-SGD
     (``Algorithm.privacy``): ``steps`` Poisson-subsampled Gaussian steps per
-    round, ``ceil(local_epochs / q)`` with epochs."""
+    round, ``ceil(local_epochs / q)`` with epochs; with ``loss_release =
+    (loss_clip, loss_noise_multiplier)`` also one loss release per round
+    (:func:`fedjax_pfl.privacy.dp_client_loss`, FedFDP's composition)."""
     steps = cfg.num_steps
     if sampling == "poisson" and cfg.epochs is not None:
         steps = dp_steps(cfg, dp, sampling, None, None)[0]
 
     def mechanism(data):
         return dp_sgd_mechanism(dp, sampling=sampling, steps_per_round=steps,
-                                max_count=data.train.max_count, what=what)
+                                max_count=data.train.max_count, what=what,
+                                loss_release=loss_release)
 
     return mechanism
 
 
-def dp_client_update(model: Model, cfg, dp: DPConfig, sampling: str, solver,
-                     attack=None, malicious=None):
-    """FedAvg's client update with local DP-SGD instead of SGD (same upload
-    ``w_k - w``, weight ``n_k`` and attack hook as ``global_solver``)."""
-    mal = None if malicious is None else jnp.asarray(malicious, bool)
+def dp_trainer(model: Model, cfg, dp: DPConfig, sampling: str):
+    """``train(params, penalty, cid, key, data) -> (params, loss, dp metrics)``:
+    one client's local DP-SGD under ``cfg`` (steps or epochs, :func:`dp_steps`).
+    ``penalty`` is ``None`` or a data-independent ``params -> scalar`` term of
+    the local objective (what the non-private methods pass to ``run_local``);
+    its gradient is added to the private gradient outside the clip and the
+    noise (``dp_local_train``'s ``correction``)."""
 
-    def client_update(server, cid, key, data, cohort_size):
-        w = server.params
+    def train(params, penalty, cid, key, data):
         steps, active = dp_steps(cfg, dp, sampling, data.train, cid)
-        w_k, loss, dpm = dp_local_train(
-            model, w, data.train, cid, key, lr=cfg.lr, num_steps=steps,
+        return dp_local_train(
+            model, params, data.train, cid, key, lr=cfg.lr, num_steps=steps,
             batch_size=cfg.batch_size, sampling=sampling, dp=dp,
             unroll=resolve_unroll(cfg.unroll, steps),
             active_steps=active, drop_last=cfg.drop_last,
             num_passes=(passes_needed(cfg, data.train, steps) if sampling == "epoch"
-                        else None))
+                        else None),
+            correction=None if penalty is None else jax.grad(penalty))
+
+    return train
+
+
+def dp_client_update(model: Model, cfg, dp: DPConfig, sampling: str, solver,
+                     attack=None, malicious=None, local_penalty=None):
+    """FedAvg's client update with local DP-SGD instead of SGD (same upload
+    ``w_k - w``, weight ``n_k`` and attack hook as ``global_solver``).
+    ``local_penalty`` is ``global_solver``'s (``w^t -> penalty``, e.g.
+    FedProx's ``mu/2 ||w - w^t||^2``); its gradient joins the private gradient
+    after clipping and noise (:func:`dp_trainer`)."""
+    mal = None if malicious is None else jnp.asarray(malicious, bool)
+    train = dp_trainer(model, cfg, dp, sampling)
+
+    def client_update(server, cid, key, data, cohort_size):
+        w = server.params
+        penalty = None if local_penalty is None else local_penalty(w)
+        w_k, loss, dpm = train(w, penalty, cid, key, data)
         delta = jax.tree.map(jnp.subtract, w_k, w)
         if attack is not None:
             delta = attack_delta(attack, mal, key, delta, cid, cohort_size)
@@ -110,6 +133,49 @@ def dp_client_update(model: Model, cfg, dp: DPConfig, sampling: str, solver,
         return ClientResult((), delta, n, metrics)
 
     return client_update
+
+
+def make_dp_configs(*, clip, noise_multiplier, sampling_rate, client_lr,
+                    num_local_steps, batch_size, sampling, max_batch_size, normalize,
+                    clip_method, chunk_size, aggregator=None, local_epochs=None):
+    """Validates the arguments every local-DP-SGD factory shares
+    (``ValueError`` naming the argument; a loss-reading ``aggregator`` is
+    refused) and returns ``(LocalConfig, DPConfig)``. With Poisson sampling
+    the local config's sampling is a placeholder (its batch size is unused)."""
+    check_clip("clip", clip)
+    check_dp_aggregator(aggregator)
+    check_int("max_batch_size", max_batch_size, lo=1, allow_none=True)
+    check_int("chunk_size", chunk_size, lo=1, allow_none=True)
+    dp = make_dp_config(clip, noise_multiplier, sampling, sampling_rate,
+                        max_batch_size, normalize, clip_method, chunk_size)
+    cfg = make_local_config(client_lr, num_local_steps, batch_size,
+                            "with_replacement" if sampling == "poisson" else sampling,
+                            local_epochs)
+    return cfg, dp
+
+
+def dp_global_algorithm(model: Model, cfg, dp: DPConfig, sampling: str, *,
+                        what: str, cohort_size, cohort, server_optimizer,
+                        aggregator, weighted, attack, malicious,
+                        local_penalty=None) -> Algorithm:
+    """FedAvg's server (``global_solver``: aggregator, server optimizer) over
+    clients that run local DP-SGD (:func:`dp_client_update`), declaring
+    :func:`dp_mechanism` named ``what``: DP-FedAvg, and DP-FedProx with
+    ``local_penalty``."""
+    check_cohort(cohort_size, cohort)
+    solver = global_solver(model, cfg, aggregator=aggregator, weighted=weighted,
+                           server_optimizer=server_optimizer,
+                           attack=attack, malicious=malicious)
+    client_update = dp_client_update(model, cfg, dp, sampling, solver, attack,
+                                     malicious, local_penalty)
+
+    def eval_models(state, data, key):
+        return {"global": ModelView(model, state.server.params, False)}
+
+    alg = stateless_algorithm(solver, client_update, eval_models,
+                              cohort_size=cohort_size, cohort=cohort,
+                              malicious=malicious)
+    return alg._replace(privacy=dp_mechanism(cfg, dp, sampling, what))
 
 
 def dp_fedavg(
@@ -181,26 +247,13 @@ def dp_fedavg(
       ValueError: naming the argument, for out-of-range values, or
         ``aggregator`` for a rule that reads the clients' training losses.
     """
-    check_clip("clip", clip)
-    check_dp_aggregator(aggregator)
-    check_int("max_batch_size", max_batch_size, lo=1, allow_none=True)
-    check_int("chunk_size", chunk_size, lo=1, allow_none=True)
-    dp = make_dp_config(clip, noise_multiplier, sampling, sampling_rate,
-                        max_batch_size, normalize, clip_method, chunk_size)
-    cfg = make_local_config(client_lr, num_local_steps, batch_size,
-                       "with_replacement" if sampling == "poisson" else sampling,
-                       local_epochs)
-    check_cohort(cohort_size, cohort)
-    solver = global_solver(model, cfg, aggregator=aggregator, weighted=weighted,
-                           server_optimizer=server_optimizer,
-                           attack=attack, malicious=malicious)
-    client_update = dp_client_update(model, cfg, dp, sampling, solver, attack,
-                                     malicious)
-
-    def eval_models(state, data, key):
-        return {"global": ModelView(model, state.server.params, False)}
-
-    alg = stateless_algorithm(solver, client_update, eval_models,
-                              cohort_size=cohort_size, cohort=cohort,
-                              malicious=malicious)
-    return alg._replace(privacy=dp_mechanism(cfg, dp, sampling, "DP-FedAvg"))
+    cfg, dp = make_dp_configs(
+        clip=clip, noise_multiplier=noise_multiplier, sampling_rate=sampling_rate,
+        client_lr=client_lr, num_local_steps=num_local_steps, batch_size=batch_size,
+        sampling=sampling, max_batch_size=max_batch_size, normalize=normalize,
+        clip_method=clip_method, chunk_size=chunk_size, aggregator=aggregator,
+        local_epochs=local_epochs)
+    return dp_global_algorithm(
+        model, cfg, dp, sampling, what="DP-FedAvg", cohort_size=cohort_size,
+        cohort=cohort, server_optimizer=server_optimizer, aggregator=aggregator,
+        weighted=weighted, attack=attack, malicious=malicious)

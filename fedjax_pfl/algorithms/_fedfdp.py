@@ -33,15 +33,12 @@ from fedjax_pfl.core import (
     ModelView,
     resolve_unroll,
 )
-from fedjax_pfl.data import gather_batch
 from fedjax_pfl.models import Model
 from fedjax_pfl.privacy import (
-    dp_batches,
-    dp_denominator,
+    dp_client_loss,
     dp_local_train,
     dp_sgd_mechanism,
     make_dp_config,
-    release_loss,
 )
 from fedjax_pfl.toolkit import (
     check_cohort,
@@ -107,23 +104,18 @@ def fedfdp_client(fc: FedFDPConfig, server: FedFDPServerState,
     """FedFDP's kernel for ONE client: DP-SGD on the fairness-weighted loss
     (:func:`fairness_weights`), then the loss of the updated model on a fresh
     Poisson batch, clipped at the client's loss clip and privatized
-    (``release_loss``); with ``adaptive_loss_clip`` that released loss is the
-    next round's clip. Uploads ``w_k - w``."""
+    (:func:`fedjax_pfl.privacy.dp_client_loss`); with ``adaptive_loss_clip``
+    that released loss is the next round's clip. Uploads ``w_k - w``."""
     model, dp, w = fc.model, fc.dp, server.params
     w_k, loss, dpm = dp_local_train(
         model, w, data.train, cid, key, lr=fc.lr, num_steps=fc.num_steps,
         batch_size=1, sampling="poisson", dp=dp,
         unroll=resolve_unroll(None, fc.num_steps),
         weight_fn=fairness_weights(fc.weighting, fc.lam, server.fhat))
-    lkey = jax.random.fold_in(key, KeyTag.FEDFDP_LOSS)
-    rows, mask, _ = dp_batches(data.train, cid, lkey, num_steps=1, batch_size=1,
-                               sampling="poisson", dp=dp)
-    b = gather_batch(data.train, rows[0], mask[0])
-    per = model.loss(model.apply(w_k, b.x), b.y)
-    released = release_loss(
-        per, b.mask, client_state.loss_clip, fc.loss_noise_multiplier,
-        jax.random.fold_in(lkey, KeyTag.FEDFDP_LOSS_NOISE),
-        dp_denominator(dp, b.mask, data.train.counts[cid], 1))
+    released = dp_client_loss(
+        model, w_k, data.train, cid, jax.random.fold_in(key, KeyTag.FEDFDP_LOSS),
+        dp=dp, loss_clip=client_state.loss_clip,
+        loss_noise_multiplier=fc.loss_noise_multiplier)
     new_clip = (jnp.maximum(released, fc.loss_clip_floor) if fc.adaptive_loss_clip
                 else client_state.loss_clip)
     n = data.train.counts[cid].astype(jnp.float32)

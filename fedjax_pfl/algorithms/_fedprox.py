@@ -29,6 +29,20 @@ from fedjax_pfl.toolkit import (
 from fedjax_pfl.validation import check_nonnegative
 
 
+def check_mu(mu) -> None:
+    """FedProx's ``mu``: non-negative, finite, a scalar (``ValueError``)."""
+    check_nonnegative("mu", mu)
+    if jnp.ndim(mu) != 0:
+        raise ValueError(f"mu: must be a scalar, got shape {jnp.shape(mu)}")
+
+
+def fedprox_penalty(mu):
+    """``w^t -> (params -> mu/2 ||params - w^t||^2)``: FedProx's proximal term,
+    anchored at the round-start model (``global_solver``'s ``local_penalty``;
+    ``dp_fedprox`` adds its gradient outside the clip)."""
+    return lambda w: prox_penalty(mu, w)
+
+
 def fedprox(
     model: Model,
     *,
@@ -74,9 +88,7 @@ def fedprox(
       ValueError: ``mu`` negative or not finite, or any ``fedavg`` argument
         invalid.
     """
-    check_nonnegative("mu", mu)
-    if jnp.ndim(mu) != 0:
-        raise ValueError(f"mu: must be a scalar, got shape {jnp.shape(mu)}")
+    check_mu(mu)
     cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling,
                        local_epochs)
     check_cohort(cohort_size, cohort)
@@ -84,7 +96,7 @@ def fedprox(
     solver = global_solver(model, cfg, aggregator=aggregator, weighted=weighted,
                            server_optimizer=server_optimizer,
                            attack=attack, malicious=malicious,
-                           local_penalty=lambda w: prox_penalty(mu, w))
+                           local_penalty=fedprox_penalty(mu))
 
     def eval_models(state, data, key):
         out = {"global": ModelView(model, state.server.params, False)}

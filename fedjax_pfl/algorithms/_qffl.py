@@ -57,6 +57,16 @@ def client_update(model: Model, cfg: LocalConfig, variant: str, q, lipschitz_L,
             lambda p: client_loss(model, p, data.train, cid))(w)
         loss = f_k
         update = jax.tree.map(lambda g: -g / lipschitz_L, grad)
+    return upload(f_k, update, q, lipschitz_L, attack, mal, key, cid, cohort_size,
+                  {"loss": loss, "round_start_loss": f_k})
+
+
+def upload(f_k, update, q, lipschitz_L, attack, mal, key, cid, cohort_size,
+           metrics) -> ClientResult:
+    """q-FFL's upload from the loss ``f_k`` and the model update ``u``
+    (attacked if the client is flagged in ``mal``): ``Delta_k = -L u``,
+    ``(F_k^q Delta_k, h_k)`` with ``h_k = q F_k^{q-1} ||Delta_k||^2 + L F_k^q``,
+    weight 1, no client state."""
     if attack is not None:
         update = attack_delta(attack, mal, key, update, cid, cohort_size)
     direction = jax.tree.map(lambda u: -lipschitz_L * u, update)  # Delta_k
@@ -66,8 +76,47 @@ def client_update(model: Model, cfg: LocalConfig, variant: str, q, lipschitz_L,
     slope = jnp.where(q == 0, 0.0, q * jnp.power(f_k, q - 1.0))
     h_k = slope * sq + lipschitz_L * fq
     scaled = jax.tree.map(lambda d: fq * d, direction)
-    metrics = {"loss": loss, "round_start_loss": f_k}
     return ClientResult((), (scaled, h_k), jnp.float32(1.0), metrics)
+
+
+def server_fn(w, updates, weights, mask, metrics, key):
+    """q-FFL's server step ``w <- w - sum_k F_k^q Delta_k / sum_k h_k`` (the
+    uploads arrive averaged over the cohort: mean/mean = sum/sum)."""
+    scaled, h = jax.tree.map(lambda a: a[0], updates)
+    step = jax.tree.map(lambda s: s / h, scaled)
+    new = jax.tree.map(jnp.subtract, w, step)
+    return new, {"server/update_norm": optax.tree.norm(step), "server/h": h}
+
+
+def check_q(q) -> None:
+    """q-FFL's ``q``: non-negative, finite, a scalar (``ValueError``)."""
+    check_nonnegative("q", q)
+    if jnp.ndim(q) != 0:
+        raise ValueError(f"q: must be a scalar, got shape {jnp.shape(q)}")
+
+
+def qffl_algorithm(model: Model, kernel, *, cohort_size: int, cohort: str,
+                   malicious, privacy=None) -> Algorithm:
+    """q-FFL's algorithm around a one-client ``kernel(w, client_state, cid,
+    key, data, *, cohort_size) -> ClientResult`` whose upload is
+    :func:`upload`'s: the model as the server state, :func:`server_fn`, the
+    ``global`` view, and ``privacy`` as ``Algorithm.privacy``."""
+
+    def init(key, data):
+        check_malicious(malicious, data.num_clients)
+        return AlgorithmState(model.init(key), (), jnp.zeros((), jnp.int32))
+
+    def build(num_clients):
+        check_malicious(malicious, num_clients)
+        m = resolve_cohort_size(cohort_size, cohort, num_clients)
+        return federated_round(functools.partial(kernel, cohort_size=m), server_fn,
+                               cohort_size=m, cohort=cohort,
+                               linear_weights=lambda weights, mask: mask)
+
+    def eval_models(state, data, key):
+        return {"global": ModelView(model, state.server, False)}
+
+    return Algorithm(init, deferred(build), eval_models, privacy)
 
 
 def qffl(
@@ -121,38 +170,16 @@ def qffl(
       ValueError: ``q < 0``, ``lipschitz_L <= 0``, an unknown ``variant``, or an
         invalid ``fedavg`` argument.
     """
-    check_nonnegative("q", q)
+    check_q(q)
     check_positive("lipschitz_L", lipschitz_L)
-    for name, v in (("q", q), ("lipschitz_L", lipschitz_L)):
-        if jnp.ndim(v) != 0:
-            raise ValueError(f"{name}: must be a scalar, got shape {jnp.shape(v)}")
+    if jnp.ndim(lipschitz_L) != 0:
+        raise ValueError(f"lipschitz_L: must be a scalar, got shape "
+                         f"{jnp.shape(lipschitz_L)}")
     check_choice("variant", variant, VARIANTS)
     cfg = make_local_config(client_lr, num_local_steps, batch_size, sampling)
     check_cohort(cohort_size, cohort)
     mal = malicious_mask(attack, malicious)
     kernel = functools.partial(client_update, model, cfg, variant, q, lipschitz_L,
                                attack, mal)
-
-    def init(key, data):
-        check_malicious(malicious, data.num_clients)
-        return AlgorithmState(model.init(key), (), jnp.zeros((), jnp.int32))
-
-    def build(num_clients):
-        check_malicious(malicious, num_clients)
-        m = resolve_cohort_size(cohort_size, cohort, num_clients)
-
-        def server_fn(w, updates, weights, mask, metrics, key):
-            # Uploads arrive averaged over the cohort: mean/mean = sum/sum.
-            scaled, h = jax.tree.map(lambda a: a[0], updates)
-            step = jax.tree.map(lambda s: s / h, scaled)
-            new = jax.tree.map(jnp.subtract, w, step)
-            return new, {"server/update_norm": optax.tree.norm(step), "server/h": h}
-
-        return federated_round(functools.partial(kernel, cohort_size=m), server_fn,
-                               cohort_size=m, cohort=cohort,
-                               linear_weights=lambda weights, mask: mask)
-
-    def eval_models(state, data, key):
-        return {"global": ModelView(model, state.server, False)}
-
-    return Algorithm(init, deferred(build), eval_models)
+    return qffl_algorithm(model, kernel, cohort_size=cohort_size, cohort=cohort,
+                          malicious=malicious)

@@ -368,29 +368,58 @@ def fedfdp_data(dataset: str, seed: int = 1, num_clients: int = 10,
     return data.dirichlet(x.astype(np.float32), y, num_clients, 0.1, seed=seed)
 
 
+# The Tables' methods. The baselines' own hyperparameters are OUR choices (the
+# paper gives none): FedProx mu = 0.001 (PFLlib's example value), FedDyn
+# alpha = 0.01, q-FFL q = 1.
+FEDFDP_NONPRIVATE = ("fedavg", "scaffold", "fedprox", "feddyn", "qffl", "fedfair")
+FEDFDP_PRIVATE = ("dp_fedavg", "dp_scaffold", "dp_fedprox", "dp_feddyn", "dp_qffl",
+                  "fedfdp")
+FEDFDP_BASELINES = {"mu": 0.001, "alpha": 0.01, "qffl_q": 1.0}
+
+
 def fedfdp_algorithm(method, model, *, q, lr, lam, clip, sigma, sigma_loss,
-                     num_clients, normalize="expected"):
-    """FedFDP Tables 1-2 methods: fedavg (= FedFair with lam 0), fedfair,
-    dp_fedavg (DP-FedSGD), fedfdp; every client every round, one local step."""
-    common = dict(sampling_rate=q, client_lr=lr, num_local_steps=1,
-                  normalize=normalize)
+                     num_clients, normalize="expected", loss_clip=2.5):
+    """FedFDP Tables 1-2 methods, every client every round, one local step on
+    a Poisson(q) batch: fedavg (= FedFair with lam 0), fedfair, fedfdp; the
+    DP baselines dp_fedavg (DP-FedSGD), dp_scaffold, dp_fedprox, dp_feddyn,
+    dp_qffl (clip C, noise sigma; DP-q-FFL releases its loss with bound
+    ``loss_clip`` and multiplier ``sigma_loss``, as FedFDP); and the
+    non-private scaffold, fedprox, feddyn, qffl: the DP factories with no clip
+    and no noise (the same Poisson batches and normaliser as the FedAvg and
+    FedFair rows). The baselines' own hyperparameters: FEDFDP_BASELINES."""
+    common = dict(sampling_rate=q, client_lr=lr, normalize=normalize)
     if method in ("fedavg", "fedfair"):
         return algorithms.fedfair(model, lam=lam if method == "fedfair" else 0.0,
-                                  cohort="full", **common)
+                                  cohort="full", num_local_steps=1, **common)
     if method == "fedfdp":
         return algorithms.fedfdp(model, lam=lam, clip=clip, noise_multiplier=sigma,
-                                 loss_noise_multiplier=sigma_loss, cohort="full",
-                                 **common)
-    if method == "dp_fedavg":
-        return algorithms.dp_fedavg(model, clip=clip, noise_multiplier=sigma,
-                                    cohort="full", cohort_size=num_clients, **common)
-    raise ValueError(f"method: unknown {method!r}")
+                                 loss_clip=loss_clip, loss_noise_multiplier=sigma_loss,
+                                 cohort="full", num_local_steps=1, **common)
+    private = method.startswith("dp_")
+    base = method[3:] if private else method
+    if base not in ("fedavg", "scaffold", "fedprox", "feddyn", "qffl"):
+        raise ValueError(f"method: unknown {method!r}")
+    # the non-private rows: the same factory without clipping or noise
+    dp = dict(common, cohort="full", cohort_size=num_clients,
+              clip=clip if private else np.inf,
+              noise_multiplier=sigma if private else 0.0)
+    b = FEDFDP_BASELINES
+    if base == "qffl":
+        return algorithms.dp_qffl(
+            model, q=b["qffl_q"], loss_clip=loss_clip if private else np.inf,
+            loss_noise_multiplier=sigma_loss if private else 0.0, **dp)
+    extra = {"fedavg": {}, "scaffold": {}, "fedprox": {"mu": b["mu"]},
+             "feddyn": {"alpha": b["alpha"]}}[base]
+    return getattr(algorithms, f"dp_{base}")(model, num_local_steps=1, **extra, **dp)
 
 
 def fedfdp_events(q, sigma, sigma_loss) -> dict:
-    """``rounds -> DpEvent`` of each private method (one local step)."""
-    return {"fedfdp": lambda t: privacy.fedfdp_event(q, sigma, t, sigma_loss, 1),
-            "dp_fedavg": lambda t: privacy.dp_sgd_event(q, sigma, t, 1)}
+    """``rounds -> DpEvent`` of each private method (one local step): FedFDP's
+    and DP-q-FFL's compose the gradient step with a loss release, the other
+    DP baselines are DP-FedAvg's."""
+    grad = lambda t: privacy.dp_sgd_event(q, sigma, t, 1)  # noqa: E731
+    loss = lambda t: privacy.fedfdp_event(q, sigma, t, sigma_loss, 1)  # noqa: E731
+    return {m: loss if m in ("fedfdp", "dp_qffl") else grad for m in FEDFDP_PRIVATE}
 
 
 def fedfdp_plan(rounds, q, sigma, sigma_loss, target_epsilon=None):
@@ -410,7 +439,7 @@ def _fedfdp(cfg):
                            sigma_loss=cfg.get("sigma_loss", 0.0),
                            num_clients=fed.num_clients,
                            normalize=cfg["normalize"])
-    if m not in ("fedfdp", "dp_fedavg"):
+    if m not in FEDFDP_PRIVATE:
         return Experiment(alg, fed, views=("global",))
     eps, plan = fedfdp_plan(cfg["rounds"], cfg["q"], cfg["sigma"], cfg["sigma_loss"],
                             cfg["target_epsilon"] or None)
@@ -446,21 +475,24 @@ def _fedfdp_keys(methods, method, rounds, private):
 
 
 _register(Preset(
-    "fedfdp-table1", "FedFDP (Ling et al.), Table 1 (non-private: FedFair vs FedAvg)",
+    "fedfdp-table1", "FedFDP (Ling et al.), Table 1 (non-private: FedFair vs "
+    "FedAvg, SCAFFOLD, FedProx, FedDyn, q-FFL)",
     "10 clients by Dirichlet(0.1) on pooled MNIST/FMNIST, 75/25 split, FedAvgCNN, "
-    "one local step of lr 1 on a Poisson batch (q = 0.05) per round, all clients",
+    "one local step of lr 1 on a Poisson batch (q = 0.05) per round, all clients; "
+    "FedProx mu 0.001, FedDyn alpha 0.01, q-FFL q 1 (our choices: the paper "
+    "gives none)",
     "150 rounds instead of 1,000",
-    _fedfdp_keys(("fedavg", "fedfair"), "fedfair", 150, False), _fedfdp,
+    _fedfdp_keys(FEDFDP_NONPRIVATE, "fedfair", 150, False), _fedfdp,
     ("mnist", "fashion_mnist")))
 
 _register(Preset(
     "fedfdp-table2", "FedFDP (Ling et al.), Table 2 (private, the same epsilon)",
     "as fedfdp-table1, with per-sample clipping C = 0.1, noise 2, FedFDP's loss "
-    "release (C_loss 2.5, sigma_loss 5); DP-FedAvg runs its largest T at FedFDP's "
-    "epsilon",
+    "release (C_loss 2.5, sigma_loss 5, also DP-q-FFL's); every DP baseline "
+    "runs its largest T at FedFDP's epsilon",
     "FedFDP runs 150 rounds (epsilon 1.58 at delta 1e-5) instead of ~683-880 "
     "(epsilon 3.52)",
-    _fedfdp_keys(("dp_fedavg", "fedfdp"), "fedfdp", 150, True), _fedfdp,
+    _fedfdp_keys(FEDFDP_PRIVATE, "fedfdp", 150, True), _fedfdp,
     ("mnist", "fashion_mnist")))
 
 

@@ -30,7 +30,9 @@ from ._ghost import ghost_plan as ghost_plan
 from ._local import NORMALIZERS as NORMALIZERS
 from ._local import DPConfig as DPConfig
 from ._local import dp_batches as dp_batches
+from ._local import dp_client_loss as dp_client_loss
 from ._local import dp_denominator as dp_denominator
+from ._local import dp_gradient as dp_gradient
 from ._local import dp_local_train as dp_local_train
 from ._local import make_dp_config as make_dp_config
 from ._mechanism import LEVELS as LEVELS

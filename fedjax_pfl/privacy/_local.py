@@ -23,7 +23,7 @@ from fedjax_pfl.validation import (
 )
 
 from ._clip import FAIR_CLIP_MODES, METHODS
-from ._noise import private_grad
+from ._noise import private_grad, release_loss
 from ._sampling import default_max_batch_size, poisson_batch_indices
 
 NORMALIZERS = ("expected", "realized")
@@ -119,6 +119,44 @@ def dp_denominator(dp: DPConfig, mask, count, batch_size) -> jax.Array:
     return jnp.float32(dp.normalize)
 
 
+def _private_step(model, split, client, key, dp: DPConfig, batch_size, weight_fn,
+                  ghost: list):
+    """``(params, step, rows, mask) -> (private gradient, (loss, |B|, clipped))``
+    of one DP-SGD step of ``client`` (noise key ``fold_in(fold_in(key,
+    KeyTag.DP_NOISE), step)``); appends the clip path's ghost flag to
+    ``ghost``."""
+    nkey = jax.random.fold_in(key, KeyTag.DP_NOISE)
+    count = split.counts[client]
+
+    def grad(p, i, r, m):
+        b = gather_batch(split, r, m)
+        den = dp_denominator(dp, b.mask, count, batch_size)
+        g, info = private_grad(
+            model, p, b.x, b.y, b.mask, jax.random.fold_in(nkey, i), clip=dp.clip,
+            noise_multiplier=dp.noise_multiplier, denominator=den,
+            method=dp.clip_method, chunk_size=dp.chunk_size, weight_fn=weight_fn,
+            fair_clip=dp.fair_clip)
+        ghost.append(info["ghost"])
+        n_real = jnp.sum(b.mask)
+        loss = jnp.sum(info["losses"] * b.mask) / jnp.maximum(n_real, 1.0)
+        if model.regularizer is not None:
+            loss = loss + model.regularizer(p)
+        w = 1.0 if weight_fn is None else jnp.abs(weight_fn(info["losses"], b.mask))
+        clipped = jnp.sum((jnp.abs(info["factors"]) < w * (1 - 1e-6)) * b.mask)
+        return g, (loss, n_real, clipped)
+
+    return grad
+
+
+def _dp_metrics(size_sum, clipped, trunc, n, ghost) -> dict:
+    return {
+        "dp/batch_size": mean_over_steps(size_sum, n),
+        "dp/clipped_fraction": clipped / jnp.maximum(size_sum, 1.0),
+        "dp/truncated": trunc.astype(jnp.float32),
+        "dp/ghost": jnp.float32(bool(ghost and ghost[0])),
+    }
+
+
 def dp_local_train(
     model: Model,
     params: Params,
@@ -136,6 +174,7 @@ def dp_local_train(
     active_steps: jax.Array | int | None = None,
     drop_last: bool = False,
     num_passes: int | None = None,
+    correction: Callable[[Params], Params] | None = None,
 ) -> tuple[Params, jax.Array, dict]:
     """``num_steps`` DP-SGD steps (SGD with step ``lr``) on one client's data.
 
@@ -149,38 +188,40 @@ def dp_local_train(
     :func:`fedjax_pfl.core.local_train` (only the first ``active_steps`` steps
     run, with that trip count).
 
+    ``correction``, when given, is ``params -> gradient-shaped pytree``: a
+    data-independent term added to the private (clipped, noised, normalised)
+    gradient before each SGD step, evaluated at the current iterate: FedProx's
+    proximal gradient ``mu (p - w^t)``, SCAFFOLD's ``c - c_k``, FedDyn's
+    ``-grad_k + alpha (p - w^t)``. It must read nothing but the iterate and
+    values that are public or post-processing of earlier DP releases (the
+    round-start model, the server's and the client's state built from them):
+    then each step is post-processing of the same noisy gradient and the
+    accounting (:func:`fedjax_pfl.privacy.dp_sgd_event`) is unchanged. It is
+    not clipped and not noised. ``None`` (default) is plain DP-SGD, the same
+    program as before the hook existed.
+
     Returns:
       ``(params, mean minibatch loss, metrics)`` with ``dp/batch_size`` (mean
       realised batch size), ``dp/clipped_fraction`` (share of examples whose
       factor is below their weight), ``dp/truncated`` (Poisson rows dropped by
       the cap, summed over steps) and ``dp/ghost`` (1 on the ghost-norm path).
+      The loss is the data loss (plus the model's regularizer), without the
+      ``correction``'s objective.
     """
     rows, mask, truncated = dp_batches(split, client, key, num_steps=num_steps,
                                        batch_size=batch_size, sampling=sampling, dp=dp,
                                        drop_last=drop_last, num_passes=num_passes)
-    nkey = jax.random.fold_in(key, KeyTag.DP_NOISE)
-    count = split.counts[client]
     opt = optax.sgd(lr)
     ghost = []
+    grad = _private_step(model, split, client, key, dp, batch_size, weight_fn, ghost)
 
     def step(carry, inputs):
         p, opt_state = carry
         i, r, m, trunc = inputs
-        b = gather_batch(split, r, m)
-        den = dp_denominator(dp, b.mask, count, batch_size)
-        g, info = private_grad(
-            model, p, b.x, b.y, b.mask, jax.random.fold_in(nkey, i), clip=dp.clip,
-            noise_multiplier=dp.noise_multiplier, denominator=den,
-            method=dp.clip_method, chunk_size=dp.chunk_size, weight_fn=weight_fn,
-            fair_clip=dp.fair_clip)
-        ghost.append(info["ghost"])
+        g, (loss, n_real, clipped) = grad(p, i, r, m)
+        if correction is not None:
+            g = jax.tree.map(jnp.add, g, correction(p))
         upd, opt_state = opt.update(g, opt_state, p)
-        n_real = jnp.sum(b.mask)
-        loss = jnp.sum(info["losses"] * b.mask) / jnp.maximum(n_real, 1.0)
-        if model.regularizer is not None:
-            loss = loss + model.regularizer(p)
-        w = 1.0 if weight_fn is None else jnp.abs(weight_fn(info["losses"], b.mask))
-        clipped = jnp.sum((jnp.abs(info["factors"]) < w * (1 - 1e-6)) * b.mask)
         return (optax.apply_updates(p, upd), opt_state), (loss, n_real, clipped,
                                                           trunc)
 
@@ -188,11 +229,70 @@ def dp_local_train(
         step, (params, opt.init(params)),
         (jnp.arange(num_steps), rows, mask, truncated), unroll=unroll,
         active_steps=active_steps)
-    metrics = {
-        "dp/batch_size": mean_over_steps(size_sum, n),
-        "dp/clipped_fraction": clipped / jnp.maximum(size_sum, 1.0),
-        "dp/truncated": trunc.astype(jnp.float32),
-        "dp/ghost": jnp.float32(bool(ghost and ghost[0])),
-    }
+    metrics = _dp_metrics(size_sum, clipped, trunc, n, ghost)
     return params, mean_over_steps(loss_sum, n), metrics
 
+
+def dp_gradient(
+    model: Model,
+    params: Params,
+    split,
+    client: jax.Array,
+    key: jax.Array,
+    *,
+    batch_size: int,
+    sampling: str,
+    dp: DPConfig,
+    weight_fn: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
+) -> tuple[Params, jax.Array, dict]:
+    """DP-SGD's private gradient at ``params`` without the step: the gradient
+    that ``dp_local_train(..., num_steps=1)`` with the same key applies (same
+    batch, same noise), for methods that upload a function of the gradient
+    itself (q-FedSGD). One Poisson-subsampled Gaussian, as one DP-SGD step.
+
+    Returns:
+      ``(gradient, minibatch loss, metrics)`` (metrics as
+      :func:`dp_local_train`'s).
+    """
+    rows, mask, truncated = dp_batches(split, client, key, num_steps=1,
+                                       batch_size=batch_size, sampling=sampling, dp=dp)
+    ghost = []
+    grad = _private_step(model, split, client, key, dp, batch_size, weight_fn, ghost)
+    g, (loss, n_real, clipped) = grad(params, 0, rows[0], mask[0])
+    return g, loss, _dp_metrics(n_real, clipped, truncated[0], 1, ghost)
+
+
+def dp_client_loss(
+    model: Model,
+    params: Params,
+    split,
+    client: jax.Array,
+    key: jax.Array,
+    *,
+    dp: DPConfig,
+    loss_clip,
+    loss_noise_multiplier,
+    batch_size: int = 1,
+    sampling: str = "poisson",
+) -> jax.Array:
+    """FedFDP's private loss release (Ling et al. 2024, eq. 15) for ONE client:
+    the private counterpart of :func:`fedjax_pfl.core.client_loss`.
+
+    Draws a fresh batch with ``key`` (Poisson with ``dp.sampling_rate``, or a
+    mode of :func:`fedjax_pfl.data.client_batch_indices` with ``batch_size``),
+    clips each example's loss of ``params`` to ``[0, loss_clip]``, adds
+    ``N(0, (loss_noise_multiplier * loss_clip)^2)`` to the masked sum and
+    divides by the normaliser :func:`dp_denominator` (noise key
+    ``fold_in(key, KeyTag.FEDFDP_LOSS_NOISE)``). With Poisson batches and a
+    data-independent normaliser this is one Poisson-subsampled Gaussian with
+    multiplier ``loss_noise_multiplier`` (sensitivity ``loss_clip``), the loss
+    term of :func:`fedjax_pfl.privacy.fedfdp_event`. The model's regularizer
+    is not included.
+    """
+    rows, mask, _ = dp_batches(split, client, key, num_steps=1, batch_size=batch_size,
+                               sampling=sampling, dp=dp)
+    b = gather_batch(split, rows[0], mask[0])
+    per = model.loss(model.apply(params, b.x), b.y)
+    return release_loss(per, b.mask, loss_clip, loss_noise_multiplier,
+                        jax.random.fold_in(key, KeyTag.FEDFDP_LOSS_NOISE),
+                        dp_denominator(dp, b.mask, split.counts[client], batch_size))

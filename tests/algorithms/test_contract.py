@@ -111,6 +111,8 @@ FEDPLUS_WRAPPED = Spec({"sigma": 0.1}, FEDPLUS_ALLOWED, wraps="fedplus",
                        fixed=("psi",))
 DP = {"clip": 1.0, "noise_multiplier": 0.5, "sampling_rate": 0.25,
       "max_batch_size": 16}
+DP_ALLOWED = {"clip": {"inf"}, "noise_multiplier": {"zero"}}  # the non-private run
+DP_SGD = ("dp_fedavg", "dp_fedprox", "dp_scaffold", "dp_feddyn", "dp_qffl")
 
 # Tiny settings every factory gets when it has the keyword.
 BASE = dict(num_local_steps=1, batch_size=8, cohort_size=2, cohort="uniform",
@@ -136,6 +138,15 @@ SPECS = {
         "clip": {"inf"},  # no clipping (documented)
         "noise_multiplier": {"zero"},  # no noise
     }),
+    "dp_feddyn": Spec(DP, DP_ALLOWED),
+    "dp_fedprox": Spec(DP, {**DP_ALLOWED, "mu": {"zero"}}),  # mu = 0: DP-FedAvg
+    "dp_qffl": Spec(DP, {
+        **DP_ALLOWED,
+        "q": {"zero"},  # DP-FedSGD with the unweighted mean
+        "loss_clip": {"inf"},  # no loss bound (not accounted, documented)
+        "loss_noise_multiplier": {"zero"},  # the exact loss (not accounted)
+    }),
+    "dp_scaffold": Spec(DP, DP_ALLOWED),
     "ewc": Spec(allowed={"lam": {"zero"}}),  # plain finetuning (documented)
     "fedavg": Spec(allowed=FINETUNE_VIEW),
     "fedavg_plus": FEDPLUS_WRAPPED,
@@ -271,7 +282,8 @@ def _cases(select):
 
 
 def test_discovery_finds_the_factories():
-    known = {"afl", "apfl", "ditto", "dp_fedavg", "ewc", "fedavg", "local_only",
+    known = {"afl", "apfl", "ditto", "dp_fedavg", "dp_fedprox", "dp_scaffold",
+             "dp_feddyn", "dp_qffl", "ewc", "fedavg", "local_only",
              "feddyn", "fedfdp", "fedfair", "fedavg_plus", "fedcomed_plus",
              "fedgeomed_plus", "fedplus", "fedprox", "l2sgd", "lindt", "mapper",
              "mocha", "per_fedavg", "pfedme", "qffl", "scaffold", "skl"}
@@ -341,8 +353,9 @@ SHARED_DEFAULTS = {"num_local_steps": 10, "cohort_size": 10, "cohort": "uniform"
 
 def test_shared_hyperparameters_have_one_default():
     """Paper settings live in the presets; a factory's own default for a shared
-    name is the same everywhere (dp_fedavg's Poisson sampling is its own), and
-    the toolkit's FedAvg server halves default to the same weighted mean."""
+    name is the same everywhere (the local DP-SGD factories' Poisson sampling
+    is their own), and the toolkit's FedAvg server halves default to the same
+    weighted mean."""
     fns = {**FACTORIES, "tk.global_solver": tk.global_solver,
            "tk.layer_split_algorithm": tk.layer_split_algorithm}
     for name, f in fns.items():
@@ -352,7 +365,7 @@ def test_shared_hyperparameters_have_one_default():
                     assert p.default is None  # the stragglers' max, else 10
                     continue
                 assert p.default == SHARED_DEFAULTS[p.name], (name, p.name)
-            if p.name == "sampling" and name != "dp_fedavg":
+            if p.name == "sampling" and name not in DP_SGD:  # Poisson
                 assert p.default == "with_replacement", name
 
 

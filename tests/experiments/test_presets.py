@@ -59,7 +59,8 @@ def test_cli_errors_and_listing(tmp_path, capsys):
     assert all(name in text for name in experiments.PRESETS)
     assert main(["list", "fedfdp-table2"]) == 0
     text = capsys.readouterr().out
-    assert "target_epsilon" in text and "{dp_fedavg, fedfdp}" in text
+    assert "target_epsilon" in text and (
+        "{dp_fedavg, dp_scaffold, dp_fedprox, dp_feddyn, dp_qffl, fedfdp}" in text)
 
 
 def _rows(path):

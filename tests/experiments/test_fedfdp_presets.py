@@ -1,0 +1,54 @@
+"""The FedFDP Tables' methods (``_presets.fedfdp_algorithm``): every private one
+declares the accounted mechanism whose event ``fedfdp_events`` plans with, the
+non-private baselines are the DP factories without clipping or noise, and the
+plan gives the DP baselines DP-FedAvg's T (DP-q-FFL: FedFDP's)."""
+
+import numpy as np
+import pytest
+
+from fedjax_pfl import data as fdata
+from fedjax_pfl import models, privacy
+from fedjax_pfl.experiments import _presets
+
+MODEL = models.logistic_regression((6,), 3)
+SETTING = dict(q=0.05, lr=1.0, lam=0.1, clip=0.1, sigma=2.0, sigma_loss=5.0)
+
+
+@pytest.fixture(scope="module")
+def data():
+    return fdata.fedprox_synthetic(1.0, 1.0, num_clients=4, dim=6, num_classes=3,
+                                   min_size=8, max_size=20, seed=4)
+
+
+def _alg(method, data):
+    return _presets.fedfdp_algorithm(method, MODEL, num_clients=data.num_clients,
+                                     **SETTING)
+
+
+@pytest.mark.parametrize("method", _presets.FEDFDP_PRIVATE)
+def test_private_methods_declare_the_planned_event(method, data):
+    mech = _alg(method, data).privacy(data)
+    assert mech.accounted and mech.settings["steps_per_round"] == 1
+    event = _presets.fedfdp_events(0.05, 2.0, 5.0)[method]
+    assert privacy.epsilon(mech.event(30), 1e-5) == privacy.epsilon(event(30), 1e-5)
+
+
+@pytest.mark.parametrize("method", ["scaffold", "fedprox", "feddyn", "qffl"])
+def test_nonprivate_baselines_have_no_clip_and_no_noise(method, data):
+    mech = _alg(method, data).privacy(data)
+    assert not mech.accounted
+    assert mech.settings["clip"] == np.inf and mech.settings["noise_multiplier"] == 0
+    assert mech.settings["sampling"] == "poisson"  # the FedAvg rows' batches
+
+
+def test_plan_gives_dp_baselines_their_events_largest_t():
+    eps, plan = _presets.fedfdp_plan(60, 0.05, 2.0, 5.0)
+    assert plan["dp_qffl"] == plan["fedfdp"] == 60
+    assert plan["dp_scaffold"] == plan["dp_fedprox"] == plan["dp_feddyn"] == \
+        plan["dp_fedavg"] > 60
+
+
+def test_unknown_method_is_refused(data):
+    for bad in ("dp_fedfair", "dp_afl", "afl"):
+        with pytest.raises(ValueError, match="^method:"):
+            _alg(bad, data)
