@@ -36,9 +36,22 @@ def test_report_separates_detection_from_false_alarms():
     rule = [ln for ln in text.splitlines() if ln.startswith("| NFL")
             or ln.startswith("| normal")]
     assert rule[0].endswith("| 4 |") and rule[1].endswith("| 4 |")  # both flagged
-    delta_rows = text.split("Delta, r' = 3")[1].split("Delta / ||aggregate||")[0]
-    assert "| 0.1 | 1/1 | 1/1 | 4 |" in delta_rows
-    assert "| 0.3 | 1/1 | 0/1 | 4 |" in delta_rows
-    ratio_rows = text.split("Delta / ||aggregate||, r' = 3")[1]
-    assert "| 0.1 | 1/1 | 0/1 | 4 |" in ratio_rows  # 0.5 vs 0.02: separated
+    tables = text.split("\n\nDelta")
+    count, ratio, window = tables[1], tables[2], tables[3]
+    assert count.startswith(", the paper's count rule, r' = 3")
+    assert "| 0.1 | 1/1 | 1/1 | 4 |" in count
+    assert "| 0.3 | 1/1 | 0/1 | 4 |" in count
+    assert ratio.startswith(" / ||aggregate||, the count rule")
+    assert "| 0.1 | 1/1 | 0/1 | 4 |" in ratio  # 0.5 vs 0.02: separated
+    assert window.startswith(", window rule")
+    assert "| 0.1 | 0/1 | 0/1 | nan |" in window  # 10 rounds < the window
     assert np.isfinite(float(rule[0].split("|")[5]))
+
+
+def test_window_rule_looks_at_where_the_statistic_settled():
+    sparse = [1.0, 0.01, 0.01] * 60  # above eps one round in three
+    assert ld.flag_round(sparse, 0.1, 50) == 151  # the count rule fires
+    assert ld.window_flag_round(sparse, 0.1, 50, window=50) is None
+    settled_high = [0.01] * 40 + [1.0] * 80
+    # round 65: 25 of the last 50 above, the median (mean of the middle two) 0.505
+    assert ld.window_flag_round(settled_high, 0.1, 50, window=50) == 65
