@@ -43,9 +43,13 @@ from collections import defaultdict
 import numpy as np
 
 
+def is_nfl(r) -> bool:
+    """The harmful environment: non-IID data or attackers (else normal FL)."""
+    return r["scheme"] != "iid" or r["attack_ratio"] > 0
+
+
 def environment(r) -> str:
-    nfl = r["scheme"] != "iid" or r["attack_ratio"] > 0
-    return (f"{'NFL' if nfl else 'normal'} ({r['scheme']}, "
+    return (f"{'NFL' if is_nfl(r) else 'normal'} ({r['scheme']}, "
             f"{100 * r['attack_ratio']:.0f} % attackers, noise std "
             f"{r['noise_std']:.3g})")
 
@@ -84,10 +88,12 @@ def statistics(r) -> dict[str, np.ndarray]:
                 np.asarray(pr["server/update_norm"]), 1e-12)}
 
 
-RULES = (("Delta, the paper's count rule", flag_round),
-         ("Delta / ||aggregate||, the count rule", flag_round),
+# (title, statistic, rule)
+RULES = (("Delta, the paper's count rule", "Delta", flag_round),
+         ("Delta / ||aggregate||, the count rule", "Delta / ||aggregate||",
+          flag_round),
          (f"Delta, window rule (median of the last {WINDOW} rounds, after r')",
-          window_flag_round))
+          "Delta", window_flag_round))
 
 
 def report(records, grid=None) -> str:
@@ -104,7 +110,7 @@ def report(records, grid=None) -> str:
         out.append(f"## noise std {noise:.3g}, {rounds} rounds, lr {lr:g} decaying "
                    f"{decay:g} a round\n")
         out.append("| environment | seeds | beta, last evals (benign) | rounds with "
-                   "Delta > eps | median Delta, last 50 rounds | flagged at "
+                   f"Delta > eps | median Delta, last {WINDOW} rounds | flagged at "
                    "(paper's rule) |")
         out.append("|---|---|---|---|---|---|")
         for env, rs in sorted(envs.items()):
@@ -112,7 +118,8 @@ def report(records, grid=None) -> str:
             flags = [flag_round(r["per_round"]["nfl/delta"], eps, rp) for r in rs]
             above = [int(np.sum(np.asarray(r["per_round"]["nfl/delta"]) > eps))
                      for r in rs]
-            med = [float(np.median(r["per_round"]["nfl/delta"][-50:])) for r in rs]
+            med = [float(np.median(r["per_round"]["nfl/delta"][-WINDOW:]))
+                   for r in rs]
             out.append(
                 f"| {env} | {len(rs)} | "
                 + ", ".join(f"{r['beta']:+.2f}" for r in rs) + " | "
@@ -120,16 +127,16 @@ def report(records, grid=None) -> str:
                             for a, r in zip(above, rs)) + " | "
                 + ", ".join(f"{m:.3g}" for m in med) + " | "
                 + ", ".join(str(f) if f else "never" for f in flags) + " |")
-        nfl = [r for e, rs in envs.items() if e.startswith("NFL") for r in rs]
-        normal = [r for e, rs in envs.items() if e.startswith("normal") for r in rs]
+        nfl = [r for rs in envs.values() for r in rs if is_nfl(r)]
+        normal = [r for rs in envs.values() for r in rs if not is_nfl(r)]
         if not (nfl and normal):
             out.append("\n(no pair of NFL and normal runs at this noise: no "
                        "operating characteristic)\n")
             continue
         rp = nfl[0]["r_prime"]
-        for name, rule in RULES:
-            stat = "Delta / ||aggregate||" if "aggregate" in name else "Delta"
-            vals = np.concatenate([statistics(r)[stat] for r in nfl + normal])
+        stats = {id(r): statistics(r) for r in nfl + normal}
+        for name, stat, rule in RULES:
+            vals = np.concatenate([stats[id(r)][stat] for r in nfl + normal])
             thresholds = grid or np.quantile(vals, np.linspace(0.05, 0.95, 10))
             out.append(f"\n{name}, r' = {rp}: detection (NFL runs flagged) and "
                        "false alarms (normal runs flagged) per threshold\n")
@@ -137,8 +144,8 @@ def report(records, grid=None) -> str:
                        "(NFL) |")
             out.append("|---|---|---|---|")
             for t in thresholds:
-                fn = [rule(statistics(r)[stat], t, rp) for r in nfl]
-                fa = [rule(statistics(r)[stat], t, rp) for r in normal]
+                fn = [rule(stats[id(r)][stat], t, rp) for r in nfl]
+                fa = [rule(stats[id(r)][stat], t, rp) for r in normal]
                 det = [f for f in fn if f]
                 out.append(f"| {t:.4g} | {len(det)}/{len(nfl)} | "
                            f"{sum(f is not None for f in fa)}/{len(normal)} | "
