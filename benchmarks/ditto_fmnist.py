@@ -37,6 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from throughput import (  # noqa: E402
     _meta,
     across_seeds,
+    add_checkpoint_args,
     parse_or_report,
     write_jsonl,
 )
@@ -175,12 +176,7 @@ def main(argv=None):
                         "every view has not risen by more than --plateau-delta for "
                         "this many rounds (0: run all --rounds)")
     p.add_argument("--plateau-delta", type=float, default=0.002)
-    p.add_argument("--checkpoint-dir", default=None,
-                   help="checkpoint each run into DIR/<run> (the history as it "
-                        "grows in DIR/<run>/history.jsonl)")
-    p.add_argument("--checkpoint-every", type=int, default=None)
-    p.add_argument("--resume", action="store_true",
-                   help="continue each run from its newest checkpoint")
+    add_checkpoint_args(p, "<run> (the history as it grows in DIR/<run>/history.jsonl)")
     args = parse_or_report(p, argv, report)
     if args is None:
         return []

@@ -17,7 +17,8 @@ CPU-scale: the paper runs T ~ 683-880 rounds at epsilon 3.52; here
 ``--target-epsilon`` is smaller so that FedFDP fits ``--rounds`` rounds, and
 every DP baseline gets the largest T with the SAME epsilon (DP-FedAvg,
 -SCAFFOLD, -FedProx and -FedDyn spend nothing on loss releases, so they run
-more rounds; DP-q-FFL releases one loss a round, as FedFDP). The non-private runs take ``--rounds``.
+more rounds; DP-q-FFL releases one loss a round, as FedFDP). The non-private
+runs take ``--rounds``.
 Reported: the global model's test accuracy over all test rows (sample-weighted
 mean over clients) and Psi (the training-size-weighted variance of the clients'
 test losses, FedFDP eq. 6). Writes JSON lines (``--out``).
@@ -42,7 +43,12 @@ from fedjax_pfl.core import EngineConfig, simulate
 from fedjax_pfl.experiments import _presets
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from throughput import _meta, parse_or_report, write_jsonl  # noqa: E402
+from throughput import (  # noqa: E402
+    _meta,
+    add_checkpoint_args,
+    parse_or_report,
+    write_jsonl,
+)
 
 # Table 1's rows (paper order), then Table 2's (the presets' FEDFDP_* tuples)
 METHODS = ("fedavg", "scaffold", "fedprox", "feddyn", "qffl", "fedfair",
@@ -114,7 +120,8 @@ def report(path: str) -> str:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--datasets", nargs="+", default=["mnist"], choices=["mnist", "fmnist"])
+    p.add_argument("--datasets", nargs="+", default=["mnist"],
+                   choices=["mnist", "fmnist"])
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     p.add_argument("--rounds", type=int, default=150,
                    help="non-private rounds, and FedFDP's T (sets the epsilon)")
@@ -140,12 +147,7 @@ def main(argv=None):
                         "size (the paper's eq. 12; not accounted, no epsilon; the "
                         "rows recorded before 2026-11-24 used it)")
     p.add_argument("--max-examples", type=int, default=None, help="smoke runs only")
-    p.add_argument("--checkpoint-dir", default=None,
-                   help="checkpoint each run into DIR/<dataset>_<method>_s<seed>")
-    p.add_argument("--checkpoint-every", type=int, default=None,
-                   help="rounds between checkpoints (a multiple of --eval-every)")
-    p.add_argument("--resume", action="store_true",
-                   help="continue each run from its newest checkpoint")
+    add_checkpoint_args(p, "<dataset>_<method>_s<seed>")
     args = parse_or_report(p, argv, report)
     if args is None:
         return []
@@ -183,8 +185,9 @@ def main(argv=None):
                    "clip": args.clip, "sigma": args.sigma, "lam": args.lam,
                    "normalize": args.normalize, "resumed": args.resume,
                    "not_accounted": None if mech is None else mech.reason,
-                   "lr": args.lr if m in PRIVATE else args.lr_nonprivate, **{k: v for k, v in last.items()
-                                     if k.startswith(("global/", "round", "train/"))}}
+                   "lr": args.lr if m in PRIVATE else args.lr_nonprivate,
+                   **{k: v for k, v in last.items()
+                      if k.startswith(("global/", "round", "train/"))}}
             records.append(rec)
             write_jsonl(args.out, [rec])
             print(f"{ds} {m}: T={last['round']} acc "

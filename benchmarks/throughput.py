@@ -162,6 +162,17 @@ def write_jsonl(path: str | None, records) -> None:
             fh.writelines(json.dumps(r) + "\n" for r in records)
 
 
+def add_checkpoint_args(p, layout: str) -> None:
+    """``--checkpoint-dir`` (each run in ``DIR/<layout>``), ``--checkpoint-every``
+    and ``--resume``, for benchmarks whose runs go through ``simulate``."""
+    p.add_argument("--checkpoint-dir", default=None,
+                   help=f"checkpoint each run into DIR/{layout}")
+    p.add_argument("--checkpoint-every", type=int, default=None,
+                   help="rounds between checkpoints (a multiple of --eval-every)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue each run from its newest checkpoint")
+
+
 def parse_or_report(p: argparse.ArgumentParser, argv, report, *, multiple=False):
     """Adds ``--out`` / ``--report`` to a benchmark's parser and parses ``argv``.
     With ``--report JSONL`` prints ``report(path)`` (``report(paths)`` when
