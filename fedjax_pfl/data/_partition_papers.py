@@ -369,6 +369,7 @@ def fedplus_synthetic_regression(
     dim: int = 1000,
     samples_per_client: int = 100,
     spread: str = "variance",
+    party_mean: str = "vector",
     fractions: Fractions = (0.5, 0.0, 0.5),
     seed: int = 0,
 ) -> FedPlusRegression:
@@ -382,11 +383,15 @@ def fedplus_synthetic_regression(
     ``N(0, s)`` read ``s`` as a variance (the paper does not say). Targets are
     ``[n, 1]``; split 50/50 train/test. ``spread="std"`` reads every ``N(0, s)``
     (and the ``5 I`` / ``50 I`` covariances) as a standard deviation instead.
+    ``party_mean="scalar"`` draws one ``mu_k ~ N(0, 0.5)`` per party and shifts
+    every coordinate by it (the paper writes ``N(0, 0.5)`` for ``mu_k`` but
+    ``N(0, 5 I)`` for the vectors ``w_bar``); ``"vector"`` draws a coordinate each.
     """
     num_clients = check_int("num_clients", num_clients, lo=1)
     dim = check_int("dim", dim, lo=1)
     n = check_int("samples_per_client", samples_per_client, lo=1)
     check_choice("spread", spread, ("variance", "std"))
+    check_choice("party_mean", party_mean, ("vector", "scalar"))
     sd = np.sqrt if spread == "variance" else (lambda v: v)
     rng = np.random.default_rng(seed)
     cov = (((np.arange(1, dim + 1) - 1) % 50) + 1.0) ** -1.1
@@ -397,7 +402,7 @@ def fedplus_synthetic_regression(
     for k in range(num_clients):
         base = w_out if k == num_clients - 1 else w_bar
         w[k] = base + rng.laplace(0.0, 0.5, dim)
-        mu = rng.normal(0.0, sd(0.5), dim)
+        mu = rng.normal(0.0, sd(0.5), dim if party_mean == "vector" else 1)
         x = mu + rng.normal(size=(n, dim)) * np.sqrt(cov)
         y = x @ w[k] + rng.normal(0.0, sd(2.0), n)
         clients.append((x.astype(np.float32), y[:, None].astype(np.float32)))

@@ -292,6 +292,18 @@ def test_fedplus_synthetic_regression_outlier():
         fdata.fedplus_synthetic_regression(10, spread="var")
 
 
+def test_fedplus_synthetic_regression_party_mean():
+    # "scalar": one shift mu_k for all of a party's coordinates; "vector": one each
+    kw = dict(dim=200, samples_per_client=400, fractions=(1.0, 0.0, 0.0), seed=1)
+    for mode, n_distinct in (("scalar", 1), ("vector", 200)):
+        r = fdata.fedplus_synthetic_regression(10, party_mean=mode, **kw)
+        cols = r.data.train.client(3)[0].mean(0)  # ~ mu_3 per coordinate
+        se = 1.0 / np.sqrt(400)  # the inputs' variances are at most 1
+        assert (np.ptp(cols) < 8 * se) == (n_distinct == 1)
+    with pytest.raises(ValueError, match="party_mean"):
+        fdata.fedplus_synthetic_regression(10, party_mean="matrix")
+
+
 # ---------------------------------------------------------- FEMNIST, natural
 
 
