@@ -18,6 +18,11 @@ jax.config.update("jax_platforms", "cpu")
 
 DATA_DIR = os.environ.get("FEDJAX_PFL_DATA_DIR")
 
+# Run directories write no figures in the suite (about 3 s of matplotlib a
+# run, most of a tiny run's time); the tests of the figures ask for them with
+# plots= / --plots (tests/experiments/test_presets.py).
+os.environ.setdefault("FEDJAX_PFL_PLOTS", "none")
+
 # Persistent compilation cache: the suite builds the same small programs many
 # times over (every simulate/run_preset jits a fresh closure), and XLA's cache
 # keys on the program, so later compiles of an identical program are loads.

@@ -11,6 +11,7 @@ from ._private import private_accuracy as private_accuracy
 from ._registry import PRESETS as PRESETS
 from ._registry import register_preset as register_preset
 from ._run import get_preset as get_preset
+from ._run import plot_formats as plot_formats
 from ._run import provenance as provenance
 from ._run import run_experiment as run_experiment
 from ._run import run_preset as run_preset

@@ -110,6 +110,9 @@ def _preset_parsers(sub) -> None:
     run.add_argument("--wandb", metavar="PROJECT",
                      help="also log to this Weights & Biases project; needs the "
                           "wandb extra")
+    run.add_argument("--plots", metavar="FORMATS", default=None,
+                     help="the run's figures: formats from png, pdf, svg, eps, ps "
+                          "(default png,pdf, or $FEDJAX_PFL_PLOTS), or none")
     run.add_argument("--preset-file", **preset_file)
     rep = sub.add_parser("report", help="mean +- std and a 95 %% interval across "
                                         "seeds of every metric, per setting, of "
@@ -181,7 +184,7 @@ def _run(args) -> int:
         seeds = parse_seeds(seeds_given if seeds_given is not None else "0")
         res = _interruptible(lambda: run_study(
             preset, grid, seeds=seeds, out=out, resume=args.resume,
-            progress=not args.quiet,
+            progress=not args.quiet, plots=args.plots,
             callback=_callbacks(args, preset, out, nested=True)),
             out)
         if isinstance(res, int):
@@ -196,7 +199,7 @@ def _run(args) -> int:
     try:
         result = _interruptible(lambda: run_preset(
             preset, overrides, out=out, resume=args.resume, progress=not args.quiet,
-            callback=cb), out)
+            callback=cb, plots=args.plots), out)
     finally:
         if cb is not None:
             cb.close()

@@ -174,19 +174,49 @@ def write_csv(path: Path, cols: Mapping[str, np.ndarray]) -> None:
     _write_atomic(path, buf.getvalue())
 
 
-def make_plots(out: Path, history, cols, views, name: str, mask=None) -> list[str]:
+PLOT_FORMATS = ("png", "pdf", "svg", "eps", "ps")
+PLOTS_ENV = "FEDJAX_PFL_PLOTS"  # the default of ``plots``, e.g. "none" or "pdf"
+
+
+def plot_formats(plots=None) -> tuple[str, ...]:
+    """The formats a run writes its figures in: ``plots`` as a sequence or a
+    comma-separated string (``"png,pdf"``), ``"none"`` or ``()`` for none;
+    ``None`` reads ``$FEDJAX_PFL_PLOTS``, else PNG (300 dpi) and PDF.
+
+    Raises:
+      ValueError: a format that is not one of PLOT_FORMATS.
+    """
+    if plots is None:
+        plots = os.environ.get(PLOTS_ENV, "png,pdf")
+    if isinstance(plots, str):
+        plots = [] if plots.strip().lower() == "none" else plots.split(",")
+    try:
+        fmts = tuple(dict.fromkeys(str(f).strip().lower().lstrip(".")
+                                   for f in plots))
+    except TypeError:
+        fmts = (plots,)
+    if any(f not in PLOT_FORMATS for f in fmts):
+        raise ValueError(f"plots: formats from {PLOT_FORMATS} (e.g. 'png,pdf') or "
+                         f"'none', got {plots!r}")
+    return fmts
+
+
+def make_plots(out: Path, history, cols, views, name: str, mask=None,
+               formats: tuple[str, ...] = ("png", "pdf")) -> list[str]:
     """Training curves, LINDT's Delta and beta when recorded, and the
-    per-client accuracy distribution, each as a 300-dpi PNG and a PDF."""
+    per-client accuracy distribution, each in ``formats`` (PNG at 300 dpi)."""
+    if not formats:
+        return []
     try:
         from fedjax_pfl import plots
     except ImportError:  # matplotlib is an optional extra
         return []
     made = []
+    (out / "plots").mkdir(exist_ok=True)
 
     def save(fn, stem, *args, **kwargs):
-        fn(*args, path=out / "plots" / f"{stem}.png", formats=("png", "pdf"),
-           **kwargs)
-        made.extend([f"plots/{stem}.png", f"plots/{stem}.pdf"])
+        fn(*args, path=out / "plots" / stem, formats=formats, **kwargs)
+        made.extend(f"plots/{stem}.{f}" for f in formats)
 
     keys = [f"{v}/test/accuracy/{s}" for v in views for s in ("mean", "worst10")
             if f"{v}/test/accuracy/{s}" in history[-1]]
@@ -235,7 +265,7 @@ def provenance() -> dict[str, Any]:
 
 def run_preset(name: str, overrides: Mapping[str, Any] | None = None, *,
                out: str | os.PathLike, resume: bool = False,
-               progress: bool = True, callback=None) -> dict:
+               progress: bool = True, callback=None, plots=None) -> dict:
     """Runs preset ``name`` with ``overrides`` into the directory ``out``.
 
     Every key and value is checked before anything is loaded or written, and
@@ -243,8 +273,9 @@ def run_preset(name: str, overrides: Mapping[str, Any] | None = None, *,
     cohort against the number of clients, a malicious ratio that leaves no
     attacker, the privacy plan) before anything is written or trained
     (docs/engine.md, "Validation"). ``callback(state, row)`` is called after
-    every evaluation (e.g. a :mod:`fedjax_pfl.tracking` writer). Returns
-    ``{'config', 'history', 'final', 'files', 'views'}``.
+    every evaluation (e.g. a :mod:`fedjax_pfl.tracking` writer). ``plots``:
+    the figures' formats (:func:`plot_formats`; ``"none"`` writes none).
+    Returns ``{'config', 'history', 'final', 'files', 'views'}``.
 
     Raises:
       ValueError: unknown preset or key, invalid value, an ``out`` that is a file
@@ -256,12 +287,13 @@ def run_preset(name: str, overrides: Mapping[str, Any] | None = None, *,
     preset = get_preset(name)
     cfg = resolve(preset, overrides)
     _check_run_args(out, resume, progress, callback)
+    plot_formats(plots)
     record = {"preset": name, "paper": preset.paper, "scaled": preset.scaled,
               "config": cfg}
     _check_out(Path(out), record, resume)
     return run_experiment(preset.build(dict(cfg)), out, config=cfg, name=name,
                           record=record, resume=resume, progress=progress,
-                          callback=callback)
+                          callback=callback, plots=plots)
 
 
 def _check_run_args(out, resume, progress, callback) -> None:
@@ -277,7 +309,7 @@ def _check_run_args(out, resume, progress, callback) -> None:
 def run_experiment(exp: Experiment, out: str | os.PathLike, *,
                    config: Mapping[str, Any], name: str = "experiment",
                    resume: bool = False, progress: bool = True, callback=None,
-                   record: Mapping[str, Any] | None = None) -> dict:
+                   record: Mapping[str, Any] | None = None, plots=None) -> dict:
     """Runs an :class:`Experiment` of your own into a run directory, as
     ``fedjax-pfl run`` does for a preset: ``config.json`` (``config`` and the
     provenance), ``history.jsonl``, ``clients.csv``, the plots, the
@@ -294,10 +326,13 @@ def run_experiment(exp: Experiment, out: str | os.PathLike, *,
       resume, progress, callback: as :func:`run_preset`.
       record: extra fields for config.json (:func:`run_preset` passes the
         preset's).
+      plots: the figures' formats (:func:`plot_formats`): default
+        ``$FEDJAX_PFL_PLOTS``, else PNG and PDF; ``"none"`` writes none.
 
     Returns and raises as :func:`run_preset`.
     """
     _check_run_args(out, resume, progress, callback)
+    formats = plot_formats(plots)
     if not isinstance(config, Mapping):
         raise ValueError(f"config: must be a mapping, got {type(config).__name__}")
     missing = [k for k in ("rounds", "eval_every", "seed") if k not in config]
@@ -315,7 +350,6 @@ def run_experiment(exp: Experiment, out: str | os.PathLike, *,
                          "(checkpoint_every=0); nothing to resume from")
     record["info"] = dict(exp.info)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "plots").mkdir(exist_ok=True)
     _write_atomic(out / "config.json", json.dumps(record, indent=1, default=str))
     eval_every = min(cfg["eval_every"], num_rounds)
     ckpt = cfg["checkpoint_every"]
@@ -349,7 +383,7 @@ def run_experiment(exp: Experiment, out: str | os.PathLike, *,
             privacy_ledger(exp, [r["round"] for r in res.history]), indent=1))
         files.append("privacy.json")
     benign = None if exp.eval_mask is None else np.asarray(exp.eval_mask) > 0
-    files += make_plots(out, res.history, cols, exp.views, name, benign)
+    files += make_plots(out, res.history, cols, exp.views, name, benign, formats)
     return {"config": cfg, "history": res.history, "final": res.history[-1],
             "files": files, "views": exp.views}
 

@@ -26,7 +26,7 @@ import numpy as np
 from fedjax_pfl.validation import check_dir
 
 from ._config import resolve
-from ._run import _write_atomic, get_preset, run_preset
+from ._run import _write_atomic, get_preset, plot_formats, run_preset
 
 STUDY_FILE = "study.json"
 HEADLINE = re.compile(r"^[^/]+/test/accuracy/(mean|mean_unweighted|worst10)$|"
@@ -126,7 +126,8 @@ def _applies(preset, overrides, name) -> bool:
 def run_study(preset: str, grid: Mapping[str, Sequence] | None = None, *,
               seeds: Sequence[int] | str = (0,), out: str | os.PathLike,
               resume: bool = False, progress: bool = True,
-              callback: Callable[[dict], Callable | None] | None = None) -> dict:
+              callback: Callable[[dict], Callable | None] | None = None,
+              plots=None) -> dict:
     """Runs ``preset`` for every combination of ``grid`` (key -> values) and
     every seed into ``out``, then writes the report (:func:`study_report`).
 
@@ -138,11 +139,14 @@ def run_study(preset: str, grid: Mapping[str, Sequence] | None = None, *,
     seeds on fixed data in one vmapped program, see :func:`fedjax_pfl.sweep`
     with one key per run). ``callback(run) -> simulate callback or None`` makes
     a callback per run (``run`` is the run's entry of ``study.json``), e.g. a
-    TensorBoard writer in a folder per run.
+    TensorBoard writer in a folder per run. ``plots``: each run's figures'
+    formats (:func:`~fedjax_pfl.experiments.run_preset`); the report's figure
+    is always written.
 
     Returns ``{'runs', 'report'}``.
     """
     seeds = parse_seeds(seeds)
+    plot_formats(plots)
     runs = expand(preset, grid, seeds)
     out = Path(out)
     check_dir("out", out)
@@ -182,7 +186,7 @@ def run_study(preset: str, grid: Mapping[str, Sequence] | None = None, *,
         try:
             run_preset(preset, {**r["overrides"], "seed": r["seed"]}, out=run_dir,
                        resume=(run_dir / "config.json").exists(), progress=progress,
-                       callback=cb)
+                       callback=cb, plots=plots)
         finally:
             if cb is not None and hasattr(cb, "close"):
                 cb.close()

@@ -74,6 +74,7 @@ def _rows(path):
 def test_run_writes_the_run_directory(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["run", "ditto-synthetic", "--quiet", "--out", str(out),
+                 "--plots", "png,pdf",  # the suite's default is none (conftest)
                  *[f"--set={k}={v}" for k, v in {**TINY, "attack": "A1",
                                                  "ratio": "0.5"}.items()]]) == 0
     assert "personal" in capsys.readouterr().out
@@ -91,6 +92,7 @@ def test_run_writes_the_run_directory(tmp_path, capsys):
     assert np.all((acc >= 0) & (acc <= 1)) and np.all(n > 0)
     for png in ("curves.png", "clients.png"):
         assert (out / "plots" / png).stat().st_size > 1000
+        assert (out / "plots" / png).with_suffix(".pdf").read_bytes()[:4] == b"%PDF"
     # the same directory again without --resume would overwrite it: refused
     with pytest.raises(SystemExit, match="already holds a run"):
         main(["run", "ditto-synthetic", "--quiet", "--out", str(out)])
@@ -380,3 +382,31 @@ def test_fedplus_keys_refused_where_they_do_nothing():
             experiments.resolve(preset, over)
     cfg = experiments.resolve(preset, {"loss": "batch_sum", "init_mix": "0.5"})
     assert cfg["loss"] == "batch_sum" and cfg["init_mix"] == 0.5
+
+
+def test_plots_choose_the_figures_formats_or_none(tmp_path, monkeypatch):
+    from fedjax_pfl.experiments import plot_formats
+    monkeypatch.delenv("FEDJAX_PFL_PLOTS", raising=False)
+    assert plot_formats() == ("png", "pdf")
+    assert plot_formats("SVG, .pdf") == ("svg", "pdf")
+    assert plot_formats("none") == plot_formats([]) == ()
+    monkeypatch.setenv("FEDJAX_PFL_PLOTS", "svg")
+    assert plot_formats() == ("svg",)
+    for bad in ("jpg", "png,gif", 3):
+        with pytest.raises(ValueError, match="plots: formats from"):
+            plot_formats(bad)
+    # refused before anything is written
+    with pytest.raises(ValueError, match="plots"):
+        experiments.run_preset("ditto-synthetic", TINY, out=tmp_path / "bad",
+                               progress=False, plots="jpg")
+    assert not (tmp_path / "bad").exists()
+    res = experiments.run_preset("ditto-synthetic", TINY, out=tmp_path / "svg",
+                                 progress=False)
+    assert [f for f in res["files"] if f.startswith("plots/")] == [
+        "plots/curves.svg", "plots/clients.svg"]
+    assert sorted(p.name for p in (tmp_path / "svg" / "plots").iterdir()) == [
+        "clients.svg", "curves.svg"]
+    res = experiments.run_preset("ditto-synthetic", TINY, out=tmp_path / "none",
+                                 progress=False, plots="none")
+    assert not any(f.startswith("plots/") for f in res["files"])
+    assert not (tmp_path / "none" / "plots").exists()
