@@ -1,6 +1,6 @@
 """The tutorials: every committed .ipynb is its .py source executed top to bottom
 without errors (outputs saved by notebooks/execute.py), they use only the public
-API, and they run in a kernel at the smoke size and draw their figures (slow)."""
+API, and they run in a kernel at the smoke size and draw their figures."""
 
 import importlib.util
 import os
@@ -84,16 +84,18 @@ def test_committed_notebook_is_its_source_executed(name):
 
 @pytest.fixture(scope="module")
 def compile_cache(tmp_path_factory):
-    """A JAX compilation cache shared by the notebooks of this run only (they
-    build the same synthetic data: about 10 % less CPU time, cold every run)."""
-    return str(tmp_path_factory.mktemp("jax_cache"))
+    """The suite's persistent JAX compilation cache (tests/conftest.py), so
+    the kernels load the programs an earlier run compiled; a cache of this
+    run only when the suite's is off."""
+    import jax
+
+    return (jax.config.jax_compilation_cache_dir
+            or str(tmp_path_factory.mktemp("jax_cache")))
 
 
-# The quickstart runs in the default suite (notebooks are run in CI, not only
-# checked); the other four are slow (~65 s of CPU together; run with -m slow).
-@pytest.mark.parametrize("name", [
-    n if n == "01_quickstart" else pytest.param(n, marks=pytest.mark.slow)
-    for n in sorted(FIGURES)])
+# Every notebook runs in a kernel in the default suite (CI runs them, it does
+# not only check the committed outputs).
+@pytest.mark.parametrize("name", sorted(FIGURES))
 def test_notebook_runs_in_a_kernel_and_draws_its_figures(name, tmp_path,
                                                          compile_cache):
     pytest.importorskip("jupytext")
