@@ -24,6 +24,7 @@ import jax
 import numpy as np
 
 from fedjax_pfl.core import evaluate_state, simulate
+from fedjax_pfl.plots import FORMATS
 from fedjax_pfl.validation import check_choice, check_dir
 
 from ._config import Experiment, Preset, preflight, resolve
@@ -174,7 +175,6 @@ def write_csv(path: Path, cols: Mapping[str, np.ndarray]) -> None:
     _write_atomic(path, buf.getvalue())
 
 
-PLOT_FORMATS = ("png", "pdf", "svg", "eps", "ps")
 PLOTS_ENV = "FEDJAX_PFL_PLOTS"  # the default of ``plots``, e.g. "none" or "pdf"
 
 
@@ -184,7 +184,7 @@ def plot_formats(plots=None) -> tuple[str, ...]:
     ``None`` reads ``$FEDJAX_PFL_PLOTS``, else PNG (300 dpi) and PDF.
 
     Raises:
-      ValueError: a format that is not one of PLOT_FORMATS.
+      ValueError: a format that is not one of ``fedjax_pfl.plots.FORMATS``.
     """
     if plots is None:
         plots = os.environ.get(PLOTS_ENV, "png,pdf")
@@ -195,8 +195,8 @@ def plot_formats(plots=None) -> tuple[str, ...]:
                                    for f in plots))
     except TypeError:
         fmts = (plots,)
-    if any(f not in PLOT_FORMATS for f in fmts):
-        raise ValueError(f"plots: formats from {PLOT_FORMATS} (e.g. 'png,pdf') or "
+    if any(f not in FORMATS for f in fmts):
+        raise ValueError(f"plots: formats from {FORMATS} (e.g. 'png,pdf') or "
                          f"'none', got {plots!r}")
     return fmts
 

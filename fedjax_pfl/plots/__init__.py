@@ -1,6 +1,7 @@
 """Figures (matplotlib, an optional extra: ``pip install fedjax_pfl[plots]``)
 and the per-client values behind them; see docs/plots.md."""
 
+from ._common import FORMATS as FORMATS
 from ._common import save_figure as save_figure
 from ._curves import nfl_curves as nfl_curves
 from ._curves import training_curves as training_curves

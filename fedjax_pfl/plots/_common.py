@@ -28,6 +28,7 @@ def _figure(ncols: int, *, width: float = 5.0, height: float = 3.8):
 _VECTOR = ("pdf", "svg", "eps", "ps")
 _RASTER = ("png",)  # others (jpg, tif, webp) need Pillow; PNG is lossless
 DPI = 300  # print resolution of raster files
+FORMATS = _VECTOR + _RASTER  # what save_figure writes
 
 
 def _targets(path, formats) -> list[tuple[str, str]]:
