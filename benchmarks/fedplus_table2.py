@@ -104,7 +104,8 @@ def run_one(dataset, method, seed, args, meta):
         method, model, lr=s["lr"], sigma=s["sigma"],
         batch=s["batch"], local_steps=args.local_steps, cohort_size=args.cohort_size,
         delta=args.delta, agg_set=args.agg_set, agg_method=args.agg_method,
-        init_mix=args.init_mix)
+        init_mix=args.init_mix, pfedme_lam=args.pfedme_lam,
+        perfedavg_steps=args.perfedavg_steps)
     t0 = time.perf_counter()
     res = fp.simulate(alg, fed, num_rounds=args.rounds, eval_every=args.eval_every,
                       key=jax.random.key(seed), splits=("test",), progress=False)
@@ -115,6 +116,7 @@ def run_one(dataset, method, seed, args, meta):
                   rounds=args.rounds, agg_set=args.agg_set,
                   agg_method=args.agg_method, delta=args.delta,
                   init_mix=args.init_mix, local_steps=args.local_steps,
+                  pfedme_lam=args.pfedme_lam, perfedavg_steps=args.perfedavg_steps,
                   cohort_size=args.cohort_size, num_clients=fed.num_clients)
     if dataset != "synthetic":
         config.update(noise_scale=args.noise_scale, negation=args.negation)
@@ -351,6 +353,10 @@ def main(argv=None):
                    help="regression: the paper's N(0, s) read as a variance or a std")
     p.add_argument("--party-mean", default="vector", choices=["vector", "scalar"],
                    help="regression: mu_k drawn per coordinate or one shift for all")
+    p.add_argument("--pfedme-lam", type=float, default=15.0,
+                   help="pFedMe's lambda (its paper's MNIST value: 15)")
+    p.add_argument("--perfedavg-steps", type=int, default=1,
+                   help="Per-FedAvg's steps of adaptation before evaluation")
     p.add_argument("--tag", default="paper",
                    help="label of this configuration in the records and report")
     p.add_argument("--agg-set", default="all", choices=["all", "sampled"])
