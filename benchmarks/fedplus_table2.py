@@ -105,7 +105,7 @@ def run_one(dataset, method, seed, args, meta):
         batch=s["batch"], local_steps=args.local_steps, cohort_size=args.cohort_size,
         delta=args.delta, agg_set=args.agg_set, agg_method=args.agg_method,
         init_mix=args.init_mix, pfedme_lam=args.pfedme_lam,
-        perfedavg_steps=args.perfedavg_steps)
+        pfedme_inner_lr=args.pfedme_inner_lr, perfedavg_steps=args.perfedavg_steps)
     t0 = time.perf_counter()
     res = fp.simulate(alg, fed, num_rounds=args.rounds, eval_every=args.eval_every,
                       key=jax.random.key(seed), splits=("test",), progress=False)
@@ -116,7 +116,8 @@ def run_one(dataset, method, seed, args, meta):
                   rounds=args.rounds, agg_set=args.agg_set,
                   agg_method=args.agg_method, delta=args.delta,
                   init_mix=args.init_mix, local_steps=args.local_steps,
-                  pfedme_lam=args.pfedme_lam, perfedavg_steps=args.perfedavg_steps,
+                  pfedme_lam=args.pfedme_lam, pfedme_inner_lr=args.pfedme_inner_lr,
+                  perfedavg_steps=args.perfedavg_steps,
                   cohort_size=args.cohort_size, num_clients=fed.num_clients)
     if dataset != "synthetic":
         config.update(noise_scale=args.noise_scale, negation=args.negation)
@@ -355,6 +356,9 @@ def main(argv=None):
                    help="regression: mu_k drawn per coordinate or one shift for all")
     p.add_argument("--pfedme-lam", type=float, default=15.0,
                    help="pFedMe's lambda (its paper's MNIST value: 15)")
+    p.add_argument("--pfedme-inner-lr", type=float, default=None,
+                   help="pFedMe's personal (inner) lr (default: the row's lr; its "
+                   "paper's MNIST value: 0.09)")
     p.add_argument("--perfedavg-steps", type=int, default=1,
                    help="Per-FedAvg's steps of adaptation before evaluation")
     p.add_argument("--tag", default="paper",

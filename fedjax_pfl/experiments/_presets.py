@@ -254,12 +254,12 @@ def scaled_loss(model, scale: float):
 
 def fedplus_algorithm(method, model, *, lr, sigma, batch, local_steps, cohort_size,
                       delta, agg_set, agg_method, init_mix=0.0, pfedme_lam=15.0,
-                      perfedavg_steps=1):
+                      pfedme_inner_lr=None, perfedavg_steps=1):
     """A Fed+ Table 2 method: Fed+ variants, the paper's personalized baselines
     (Scaffold, pFedMe, Per-FedAvg, APFL; the paper gives none of their
     hyperparameters, so they get Fed+'s ``lr``, ``E``, ``B`` and ``K`` plus their
-    own papers' defaults: pFedMe's ``pfedme_lam``, Per-FedAvg's
-    ``perfedavg_steps`` of adaptation) or FedAvg, FedProx (Psi = ind0, lambda
+    own papers' defaults: pFedMe's ``pfedme_lam`` and ``pfedme_inner_lr``
+    (default ``lr``), Per-FedAvg's ``perfedavg_steps`` of adaptation) or FedAvg, FedProx (Psi = ind0, lambda
     1), RFA (sigma 0, Psi = l2 with delta 1e-6) and local training."""
     common = dict(num_local_steps=local_steps, batch_size=batch,
                   cohort_size=cohort_size)
@@ -277,8 +277,8 @@ def fedplus_algorithm(method, model, *, lr, sigma, batch, local_steps, cohort_si
     if method == "scaffold":
         return algorithms.scaffold(model, **fl)
     if method == "pfedme":  # pFedMe's MNIST lambda 15 and K = 5 inner steps
-        return algorithms.pfedme(model, lam=pfedme_lam, inner_steps=5, inner_lr=lr,
-                                 **fl)
+        return algorithms.pfedme(model, lam=pfedme_lam, inner_steps=5,
+                                 inner_lr=pfedme_inner_lr or lr, **fl)
     if method == "perfedavg":  # personalized by one step of size alpha
         return algorithms.per_fedavg(model, alpha=lr, beta=lr, weighted=False,
                                      finetune_steps=perfedavg_steps, **common)
