@@ -201,10 +201,11 @@ def plot_formats(plots=None) -> tuple[str, ...]:
     return fmts
 
 
-def make_plots(out: Path, history, cols, views, name: str, mask=None,
-               formats: tuple[str, ...] = ("png", "pdf")) -> list[str]:
+def make_plots(out: Path, history, cols, views, name: str, mask,
+               formats: tuple[str, ...]) -> list[str]:
     """Training curves, LINDT's Delta and beta when recorded, and the
-    per-client accuracy distribution, each in ``formats`` (PNG at 300 dpi)."""
+    per-client accuracy distribution, each in ``formats`` (from
+    :func:`plot_formats`; PNG at 300 dpi)."""
     if not formats:
         return []
     try:
