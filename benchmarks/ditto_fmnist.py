@@ -4,9 +4,17 @@
 FMNIST CNN, lr 0.05, batch 16, 2 local iterations, 10 clients per round sampled
 proportionally to their sizes, an unweighted mean of the updates. One Ditto run
 gives both the ``global`` model (its trajectory is exactly FedAvg's) and the
-``personal`` models; ``--runs local`` adds local training (Ditto with lambda 0).
-Metrics are over benign clients (test accuracy: sample-weighted mean, std across
-clients, worst 10 %). Writes JSON lines (``--out``).
+``personal`` models; ``--runs local`` adds local training (``algorithms.local_only``:
+each client trains its own model, 2 steps in each round it is selected, nothing
+shared). Metrics are over benign clients (test accuracy: sample-weighted mean, std
+across clients, worst 10 %). Writes JSON lines (``--out``).
+
+A local model never sees another client's data or uploads, so a benign client's
+local model is the same under every attack. A clean local run (``--attack
+none``) therefore also writes the attack columns: for each ``--derive-ratios``
+it summarizes the same per-client accuracies over the benign clients of that
+ratio (the malicious set depends only on the ratio and the seed, the same for
+A1, A2 and A3), marked ``derived_from_clean_run``.
 
     FEDJAX_PFL_DATA_DIR=/path/to/data python benchmarks/ditto_fmnist.py \
         --attack A1 --ratio 0.5 --rounds 300 --eval-every 50 \
@@ -28,6 +36,7 @@ from fedjax_pfl import algorithms, attacks, data, metrics, models
 from fedjax_pfl.core import (
     EngineConfig,
     Plateau,
+    evaluate_state,
     execution,
     participation_counts,
     simulate,
@@ -65,10 +74,37 @@ def by_participation(alg, state, fed, key, benign, cohort_size, rounds, engine):
         sel = (counts >= lo) & (counts <= hi) & (benign > 0)
         row = {"min_rounds": lo, "max_rounds": min(hi, int(counts.max())),
                "clients": int(sel.sum())}
-        for view in ("global", "personal"):
-            acc = np.asarray(ev[f"{view}/test/accuracy/per_client"])[sel]
-            row[view] = float(np.nanmean(acc)) if sel.any() else None
+        for view in ("global", "personal"):  # local training has no global model
+            k = f"{view}/test/accuracy/per_client"
+            if k in ev:
+                acc = np.asarray(ev[k])[sel]
+                row[view] = float(np.nanmean(acc)) if sel.any() else None
         out.append(row)
+    return out
+
+
+def derived_columns(alg, state, fed, args, engine, base):
+    """Records of the attack columns from a clean local run: the final local
+    models' per-client accuracies summarized over the benign clients of each
+    ratio in ``args.derive_ratios`` (one record per attack, A1/A2/A3)."""
+    with execution(engine):
+        ev = jax.jit(lambda s, d: evaluate_state(
+            alg, s, d, key=jax.random.key(args.seed), splits=tuple(args.splits),
+            per_client=True))(state, fed)
+    out = []
+    for ratio in args.derive_ratios:
+        benign = attacks.setup_attack(fed, "A1", ratio, seed=args.seed,
+                                      num_classes=10)[1].benign
+        row = {}
+        for split in args.splits:
+            counts = getattr(fed, split).counts
+            for metric in ("accuracy", "loss"):
+                k = f"personal/{split}/{metric}"
+                row.update({f"{k}/{name}": float(v) for name, v in metrics.summarize(
+                    ev[f"{k}/per_client"], counts, benign,
+                    psi_weights=fed.train.counts).items()})
+        out += [{**base, "attack": attack, "ratio": ratio, **row,
+                 "derived_from_clean_run": True} for attack in ("A1", "A2", "A3")]
     return out
 
 
@@ -126,6 +162,8 @@ def report(path: str) -> str:
             k = f"{view}/test/accuracy"
             name = ("global (FedAvg)" if view == "global" else
                     f"Ditto ({sel}, lambda={lam:g})" if run == "ditto" else "local")
+            if any(r.get("derived_from_clean_run") for r in rs):
+                name = "local (the clean run's models, benign devices)"
             row = "global" if view == "global" else "Ditto" if run == "ditto" \
                 else "local"
             paper1 = TABLE1_DITTO.get(attack, "") if row == "Ditto" else \
@@ -176,12 +214,18 @@ def main(argv=None):
                         "every view has not risen by more than --plateau-delta for "
                         "this many rounds (0: run all --rounds)")
     p.add_argument("--plateau-delta", type=float, default=0.002)
+    p.add_argument("--derive-ratios", nargs="*", type=float, default=[0.5],
+                   help="for a clean local run: also write the A1/A2/A3 columns at "
+                        "these malicious ratios (the benign clients' accuracies of "
+                        "the same local models)")
     add_checkpoint_args(p, "<run> (the history as it grows in DIR/<run>/history.jsonl)")
     args = parse_or_report(p, argv, report)
     if args is None:
         return []
     if args.plateau_patience and "val" not in args.splits:
         p.error("--plateau-patience needs --splits to include val")
+    if not all(0 < r < 1 for r in args.derive_ratios):
+        p.error(f"--derive-ratios: each must lie in (0, 1), got {args.derive_ratios}")
 
     fed = load(args.seed, args.num_clients)
     fed, threat = attacks.setup_attack(fed, args.attack, args.ratio, seed=args.seed,
@@ -196,7 +240,9 @@ def main(argv=None):
     algs = {
         "ditto": algorithms.ditto(model, lam=args.lam, lam_selection=args.lam_selection,
                                   strong_attack=strong, **common),
-        "local": algorithms.ditto(model, lam=0.0, **common),
+        "local": algorithms.local_only(model, **{
+            k: v for k, v in common.items()
+            if k not in ("weighted", "attack", "malicious")}),
     }
     print(f"FMNIST: {fed.num_clients} clients, {fed.train.num_examples} train / "
           f"{fed.val.num_examples} val / {fed.test.num_examples} test rows; attack "
@@ -236,6 +282,9 @@ def main(argv=None):
         recs = [{**meta, **tag, "wall_s": wall, **row} for row in res.history]
         recs.append({**meta, **tag, "round": rounds, "wall_s": wall,
                      "stopped_early": res.stopped_early, "by_participation": groups})
+        if run == "local" and args.attack == "none":
+            recs += derived_columns(algs[run], res.state, fed, args, engine,
+                                    {**meta, **tag, "wall_s": wall, "round": rounds})
         write_jsonl(args.out, recs)
         records += recs
         last = res.history[-1]

@@ -47,6 +47,15 @@ ROWS = {
         ("clipping", "clipping"), ("k-norm", "k_norm"), ("k-loss", "k_loss"),
         ("FedMGDA+", "fedmgda"))},
 }
+AGGREGATORS = ("median", "Krum", "multi-Krum", "clipping", "k-norm", "k-loss",
+               "FedMGDA+")
+# Ditto + robust aggregation (the paper's Tables 3 and 6 run it on FEMNIST and
+# CelebA only): Ditto whose global model is the robust baseline's.
+DITTO_LAMS = ("0.1", "1")
+COMBINED = {f"Ditto + {name}, lam={lam}": ("ditto", "personal",
+                                           {"lam": lam, **ROWS[name][2]})
+            for lam in DITTO_LAMS for name in AGGREGATORS}
+ROWS.update(COMBINED)
 # The paper's Table 7: benign mean test accuracy (std across vehicles).
 PAPER = {
     "global": ("0.866 (.16)", "0.643 (.10)", "0.840 (.21)", "0.350 (.19)"),
@@ -72,7 +81,9 @@ def run_one(row: str, column: str, seed: int, rounds: int,
     attack, ratio = COLUMNS[column]
     sets = {"method": method, "attack": attack, "ratio": str(ratio),
             "seed": str(seed), "rounds": str(rounds), "eval_every": str(rounds),
-            "lam_selection": "fixed", "test_fraction": str(test_fraction), **extra}
+            "test_fraction": str(test_fraction), **extra}
+    if method == "ditto":
+        sets["lam_selection"] = "fixed"
     if a3_scale:
         sets["a3_scale"] = str(a3_scale)
     if lr is not None:
@@ -106,7 +117,7 @@ def report(path: str) -> str:
     cols = list(COLUMNS)
     lines = ["| method | " + " | ".join(f"{c} (ours) | {c} (paper)" for c in cols)
              + " |", "|---|" + "---|---|" * len(cols)]
-    for row in ROWS:
+    for row in [r for r in ROWS if r not in COMBINED]:
         cells = []
         for i, c in enumerate(cols):
             rs = [r for r in recs if r["row"] == row and r["column"] == c]
@@ -120,8 +131,33 @@ def report(path: str) -> str:
                 cells.append("-")
             cells.append(PAPER.get(row, ("",) * 4)[i])
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    if any(r["row"] in COMBINED for r in recs):
+        lines += ["", _combined_table(recs)]
     if any(_varied(r) == {"a3_scale"} for r in every):
         lines += ["", _a3_scale_table(every)]
+    return "\n".join(lines)
+
+
+def _cell(recs, row, column) -> str:
+    m = np.array([r["accuracy_mean"] for r in recs
+                  if r["row"] == row and r["column"] == column])
+    return f"{m.mean():.3f} +- {m.std():.3f} ({len(m)})" if len(m) else "-"
+
+
+def _combined_table(recs) -> str:
+    """Ditto + each robust aggregator beside the aggregator alone and Ditto
+    alone, at each lambda: mean +- std over seeds (number of seeds)."""
+    cols = list(COLUMNS)
+    lines = ["| aggregator | lambda | " + " | ".join(
+        f"{c}: {m}" for c in cols for m in ("aggregator alone", "Ditto", "Ditto + it"))
+        + " |", "|---|---|" + "---|" * (3 * len(cols))]
+    for lam in DITTO_LAMS:
+        for name in AGGREGATORS:
+            cells = []
+            for c in cols:
+                cells += [_cell(recs, name, c), _cell(recs, f"Ditto, lam={lam}", c),
+                          _cell(recs, f"Ditto + {name}, lam={lam}", c)]
+            lines.append(f"| {name} | {lam} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

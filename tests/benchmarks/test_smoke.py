@@ -62,7 +62,8 @@ def test_ditto_cost_smoke(tmp_path):
     assert "| logreg | 6 | 2 | 1 |" in table and "Ditto / FedAvg" in table
 
 
-def test_ditto_fmnist_smoke(tmp_path):
+def _small_ditto_fmnist():
+    """ditto_fmnist on the recipe's first 20 clients, a few rows each."""
     if not os.environ.get("FEDJAX_PFL_DATA_DIR"):
         pytest.skip("FEDJAX_PFL_DATA_DIR is not set")
     mod = _load("ditto_fmnist")
@@ -81,6 +82,11 @@ def test_ditto_fmnist_smoke(tmp_path):
                                   head(fed.test, 20))
 
     mod.load = small_load
+    return mod
+
+
+def test_ditto_fmnist_smoke(tmp_path):
+    mod = _small_ditto_fmnist()
     args = ["--num-clients", "20", "--rounds", "2", "--eval-every", "1",
             "--attack", "A1", "--ratio", "0.5", "--lam-selection", "fixed",
             "--splits", "val", "test", "--checkpoint-dir", str(tmp_path / "ck"),
@@ -96,6 +102,34 @@ def test_ditto_fmnist_smoke(tmp_path):
     assert [r["round"] for r in again[:-1]] == [0, 1, 2]
     assert again[-2]["personal/test/accuracy/mean"] == rows[-1][
         "personal/test/accuracy/mean"]
+
+
+def test_ditto_fmnist_local_columns_equal_attacked_runs(tmp_path):
+    """The attack columns a clean local run derives are what local runs under
+    each attack measure on their benign clients."""
+    mod = _small_ditto_fmnist()
+    common = ["--num-clients", "20", "--rounds", "3", "--eval-every", "3",
+              "--runs", "local", "--splits", "val", "test", "--seed", "1"]
+    clean = mod.main(common + ["--derive-ratios", "0.25", "0.5",
+                               "--out", str(tmp_path / "c.jsonl")])
+    derived = {(r["attack"], r["ratio"]): r for r in clean
+               if r.get("derived_from_clean_run")}
+    assert sorted(derived) == [(a, q) for a in ("A1", "A2", "A3") for q in (0.25, 0.5)]
+    for attack, ratio in (("A1", 0.5), ("A3", 0.25)):
+        run = mod.main(common + ["--attack", attack, "--ratio", str(ratio),
+                                 "--out", str(tmp_path / "a.jsonl")])
+        measured = [r for r in run if "by_participation" not in r][-1]
+        mine = derived[(attack, ratio)]
+        for k in ("personal/test/accuracy/mean", "personal/test/accuracy/std",
+                  "personal/val/accuracy/worst10", "personal/test/loss/mean"):
+            np.testing.assert_allclose(mine[k], measured[k], rtol=1e-6, err_msg=k)
+    table = mod.report(str(tmp_path / "c.jsonl"))
+    assert table.count("| local (the clean run's models, benign devices) |") == 6
+    # the masks matter: a quarter malicious leaves another mean than none
+    clean_final = [r for r in clean if r["attack"] == "none"
+                   and "by_participation" not in r][-1]
+    assert derived[("A3", 0.25)]["personal/test/accuracy/mean"] != pytest.approx(
+        clean_final["personal/test/accuracy/mean"])
 
 
 def test_privacy_smoke(tmp_path):
