@@ -145,19 +145,16 @@ def _cell(recs, row, column) -> str:
 
 
 def _combined_table(recs) -> str:
-    """Ditto + each robust aggregator beside the aggregator alone and Ditto
-    alone, at each lambda: mean +- std over seeds (number of seeds)."""
+    """Ditto alone, then Ditto + each robust aggregator, at each lambda: the
+    benign mean test accuracy, mean +- std over seeds (number of seeds). The
+    aggregators alone are rows of the table above."""
     cols = list(COLUMNS)
-    lines = ["| aggregator | lambda | " + " | ".join(
-        f"{c}: {m}" for c in cols for m in ("aggregator alone", "Ditto", "Ditto + it"))
-        + " |", "|---|---|" + "---|" * (3 * len(cols))]
+    lines = ["| method | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
     for lam in DITTO_LAMS:
-        for name in AGGREGATORS:
-            cells = []
-            for c in cols:
-                cells += [_cell(recs, name, c), _cell(recs, f"Ditto, lam={lam}", c),
-                          _cell(recs, f"Ditto + {name}, lam={lam}", c)]
-            lines.append(f"| {name} | {lam} | " + " | ".join(cells) + " |")
+        for row in (f"Ditto, lam={lam}",
+                    *(f"Ditto + {name}, lam={lam}" for name in AGGREGATORS)):
+            lines.append(f"| {row} | " + " | ".join(_cell(recs, row, c) for c in cols)
+                         + " |")
     return "\n".join(lines)
 
 

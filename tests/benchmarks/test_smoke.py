@@ -415,13 +415,17 @@ def test_ditto_vehicle_smoke(tmp_path):
         pytest.skip("FEDJAX_PFL_DATA_DIR is not set")
     out = tmp_path / "v.jsonl"
     mod = _load("ditto_vehicle")
-    recs = mod.main(["--rows", "global", "Ditto, lam=1", "k-loss", "--columns",
-                     "clean", "A3 50%", "--rounds", "2", "--out", str(out)])
-    assert len(recs) == 6 and len(out.read_text().splitlines()) == 6
+    recs = mod.main(["--rows", "global", "Ditto, lam=1", "k-loss", "Ditto + Krum, lam=1",
+                     "--columns", "clean", "A3 50%", "--rounds", "2", "--out", str(out)])
+    assert len(recs) == 8 and len(out.read_text().splitlines()) == 8
     for r in recs:
         assert r["round"] == 2 and 0.0 <= r["accuracy_mean"] <= 1.0
         assert r["config"]["seed"] == 0 and r["git_sha"]
-    assert "| Ditto, lam=1 |" in mod.report(str(out))
+    combined = [r for r in recs if r["row"] == "Ditto + Krum, lam=1"]
+    assert {(r["config"]["method"], r["config"]["aggregator"], r["config"]["lam"])
+            for r in combined} == {("ditto", "krum", 1.0)}
+    table = mod.report(str(out))
+    assert "| Ditto, lam=1 |" in table and "| Ditto + Krum, lam=1 | " in table
 
 
 def test_preset_cost_smoke(tmp_path, capsys):
