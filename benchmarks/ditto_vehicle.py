@@ -42,13 +42,14 @@ ROWS = {
     "Ditto, lam=1": ("ditto", "personal", {"lam": "1"}),
     "Ditto, lam=2": ("ditto", "personal", {"lam": "2"}),
     "MOCHA": ("mocha", "personal", {}),
-    **{name: ("global", "global", {"aggregator": agg}) for name, agg in (
-        ("median", "median"), ("Krum", "krum"), ("multi-Krum", "multi_krum"),
-        ("clipping", "clipping"), ("k-norm", "k_norm"), ("k-loss", "k_loss"),
-        ("FedMGDA+", "fedmgda"))},
 }
-AGGREGATORS = ("median", "Krum", "multi-Krum", "clipping", "k-norm", "k-loss",
-               "FedMGDA+")
+# the robust baselines: row name -> the preset's aggregator
+AGGREGATOR_KEYS = {"median": "median", "Krum": "krum", "multi-Krum": "multi_krum",
+                   "clipping": "clipping", "k-norm": "k_norm", "k-loss": "k_loss",
+                   "FedMGDA+": "fedmgda"}
+AGGREGATORS = tuple(AGGREGATOR_KEYS)
+ROWS.update({name: ("global", "global", {"aggregator": agg})
+             for name, agg in AGGREGATOR_KEYS.items()})
 # Ditto + robust aggregation (the paper's Tables 3 and 6 run it on FEMNIST and
 # CelebA only): Ditto whose global model is the robust baseline's.
 DITTO_LAMS = ("0.1", "1")
