@@ -36,7 +36,6 @@ from fedjax_pfl import algorithms, attacks, data, metrics, models
 from fedjax_pfl.core import (
     EngineConfig,
     Plateau,
-    evaluate_state,
     execution,
     participation_counts,
     simulate,
@@ -54,19 +53,24 @@ from throughput import (  # noqa: E402
 BINS = ((0, 0), (1, 2), (3, 5), (6, 10), (11, 10**9))  # rounds a client took part in
 
 
-def by_participation(alg, state, fed, key, benign, cohort_size, rounds, engine):
-    """Per-client test accuracy of the global and personal models of benign
-    clients, grouped by how many rounds each client took part in: with 10 of 500
-    clients a round, a client trains its personal model only when selected."""
+def per_client_eval(alg, state, fed, key, splits, engine):
+    """Per-client metrics of the final global and personal models on ``splits``."""
     def per_client(s, d):
         views = {k: v for k, v in alg.eval_models(s, d, key).items()
                  if k in ("global", "personal")}
-        return metrics.evaluate(views, d, splits=("test",), per_client=True)
+        return metrics.evaluate(views, d, splits=splits, per_client=True)
 
     # state and data as arguments, never as captured constants (6.6 GB of
     # personal models for 500 clients); traced under the run's engine
     with execution(engine):
-        ev = jax.jit(per_client)(state, fed)
+        return jax.jit(per_client)(state, fed)
+
+
+def by_participation(ev, fed, key, benign, cohort_size, rounds):
+    """Per-client test accuracy (``ev``, from :func:`per_client_eval`) of the
+    global and personal models of benign clients, grouped by how many rounds
+    each client took part in: with 10 of 500 clients a round, a client trains
+    its personal model only when selected."""
     counts = participation_counts(fed, rounds, jax.random.split(key)[1], cohort_size,
                                   "size_weighted")
     out = []
@@ -83,25 +87,20 @@ def by_participation(alg, state, fed, key, benign, cohort_size, rounds, engine):
     return out
 
 
-def derived_columns(alg, state, fed, args, engine, base):
+def derived_columns(ev, fed, args, base):
     """Records of the attack columns from a clean local run: the final local
-    models' per-client accuracies summarized over the benign clients of each
-    ratio in ``args.derive_ratios`` (one record per attack, A1/A2/A3)."""
-    with execution(engine):
-        ev = jax.jit(lambda s, d: evaluate_state(
-            alg, s, d, key=jax.random.key(args.seed), splits=tuple(args.splits),
-            per_client=True))(state, fed)
+    models' per-client metrics (``ev``) summarized over the benign clients of
+    each ratio in ``args.derive_ratios`` (one record per attack, A1/A2/A3)."""
     out = []
     for ratio in args.derive_ratios:
-        benign = attacks.setup_attack(fed, "A1", ratio, seed=args.seed,
-                                      num_classes=10)[1].benign
+        benign = ~attacks.malicious_clients(fed.num_clients, ratio, args.seed)
         row = {}
         for split in args.splits:
             counts = getattr(fed, split).counts
             for metric in ("accuracy", "loss"):
                 k = f"personal/{split}/{metric}"
                 row.update({f"{k}/{name}": float(v) for name, v in metrics.summarize(
-                    ev[f"{k}/per_client"], counts, benign,
+                    ev[f"{k}/per_client"], counts, benign.astype(np.float32),
                     psi_weights=fed.train.counts).items()})
         out += [{**base, "attack": attack, "ratio": ratio, **row,
                  "derived_from_clean_run": True} for attack in ("A1", "A2", "A3")]
@@ -270,8 +269,12 @@ def main(argv=None):
                        jsonl_path=ckdir and os.path.join(ckdir, "history.jsonl"))
         wall = time.perf_counter() - t0
         rounds = res.history[-1]["round"]
-        groups = by_participation(algs[run], res.state, fed, jax.random.key(args.seed),
-                                  threat.benign, 10, rounds, engine)
+        derive = run == "local" and args.attack == "none"
+        key = jax.random.key(args.seed)
+        # the participation table needs test; the derived columns every split
+        ev = per_client_eval(algs[run], res.state, fed, key, tuple(dict.fromkeys(
+            ["test", *(args.splits if derive else ())])), engine)
+        groups = by_participation(ev, fed, key, threat.benign, 10, rounds)
         for g in (g for g in groups if g['clients']):
             print(f"  took part in {g['min_rounds']}-{g['max_rounds']} rounds: "
                   f"{g['clients']} benign clients, mean acc " + ", ".join(
@@ -282,8 +285,8 @@ def main(argv=None):
         recs = [{**meta, **tag, "wall_s": wall, **row} for row in res.history]
         recs.append({**meta, **tag, "round": rounds, "wall_s": wall,
                      "stopped_early": res.stopped_early, "by_participation": groups})
-        if run == "local" and args.attack == "none":
-            recs += derived_columns(algs[run], res.state, fed, args, engine,
+        if derive:
+            recs += derived_columns(ev, fed, args,
                                     {**meta, **tag, "wall_s": wall, "round": rounds})
         write_jsonl(args.out, recs)
         records += recs

@@ -139,10 +139,14 @@ def report(path: str) -> str:
     return "\n".join(lines)
 
 
-def _cell(recs, row, column) -> str:
-    m = np.array([r["accuracy_mean"] for r in recs
-                  if r["row"] == row and r["column"] == column])
+def _seeds_cell(recs) -> str:
+    """``mean +- std (n)`` (ddof 0) of the records' accuracies, or ``-``."""
+    m = np.array([r["accuracy_mean"] for r in recs])
     return f"{m.mean():.3f} +- {m.std():.3f} ({len(m)})" if len(m) else "-"
+
+
+def _cell(recs, row, column) -> str:
+    return _seeds_cell([r for r in recs if r["row"] == row and r["column"] == column])
 
 
 def _combined_table(recs) -> str:
@@ -169,12 +173,9 @@ def _a3_scale_table(recs) -> str:
     lines = ["| method | " + " | ".join(f"A3 x{s:g}" for s in scales) +
              " | paper (A3 50 %) |", "|---|" + "---|" * (len(scales) + 1)]
     for row in rows:
-        cells = []
-        for sc in scales:
-            m = np.array([r["accuracy_mean"] for r in recs
-                          if r["row"] == row and scale_of[id(r)] == sc])
-            cells.append(f"{m.mean():.3f} +- {m.std():.3f} ({len(m)})" if len(m)
-                         else "-")
+        cells = [_seeds_cell([r for r in recs
+                              if r["row"] == row and scale_of[id(r)] == sc])
+                 for sc in scales]
         lines.append(f"| {row} | " + " | ".join(cells) + f" | {PAPER[row][3]} |")
     return "\n".join(lines)
 
