@@ -16,6 +16,11 @@ substitutions are listed in docs/results/baselines.md. Writes JSON lines.
 
     FEDJAX_PFL_DATA_DIR=/path/to/data python benchmarks/ditto_table2.py \
         --attack none --rounds 300 --out docs/results/baselines_table2.jsonl
+
+Long runs: ``--checkpoint-dir DIR --checkpoint-every N --resume`` checkpoints
+each method's rounds in ``DIR/<method>`` and, on a rerun, skips the rows
+``--out`` already holds for the same settings (each finetuning row is written
+as soon as it is evaluated).
 """
 
 from __future__ import annotations
@@ -31,10 +36,16 @@ import jax
 import numpy as np
 
 from fedjax_pfl import algorithms, attacks, data, metrics, models
-from fedjax_pfl.core import AlgorithmState, EngineConfig, execution
+from fedjax_pfl.core import AlgorithmState, EngineConfig, execution, simulate
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from throughput import _meta, across_seeds, parse_or_report, write_jsonl
+from throughput import (
+    _meta,
+    across_seeds,
+    add_checkpoint_args,
+    parse_or_report,
+    write_jsonl,
+)
 
 METHODS = ("ditto", "local", "l2sgd", "per_fedavg", "mapper", "apfl")
 ROWS = ("global", "local", "plain finetuning", "L2SGD", "EWC", "SKL",
@@ -71,27 +82,60 @@ def splits_of(fed):
     return ("val", "test") if fed.val is not None else ("test",)
 
 
-def finetune_rows(model, state, fed, key, benign, common, args, engine):
-    """Plain finetuning, EWC and SKL from the final ``w*`` of the Ditto run
-    (every lambda of ``--ewc-lams`` / ``--skl-lams``), evaluated under
-    ``engine``."""
-    ft = dict(finetune_steps=args.finetune_steps, weighted=False)
+def finetune_configs(args):
+    """The (row, lambda) pairs evaluated from ``w*``: plain finetuning, then
+    every lambda of ``--ewc-lams`` and ``--skl-lams``."""
+    return ([("plain finetuning", 0.0)] + [("EWC", lam) for lam in args.ewc_lams]
+            + [("SKL", lam) for lam in args.skl_lams])
+
+
+def finetune_label(lam, args) -> str:
+    """A finetuning row's hyperparameter label; the length is named only when
+    it is not the default ``--finetune-steps`` (so epoch runs never share a
+    label with step runs)."""
+    length = (f", {args.finetune_epochs:g} epochs" if args.finetune_epochs
+              else "")
+    return f"lam={lam:g}{length}"
+
+
+def finetune_rows(model, state, fed, key, benign, common, args, engine,
+                  done=frozenset()):
+    """Plain finetuning, EWC and SKL from the final ``w*`` of the Ditto run,
+    evaluated under ``engine``: yields each row as soon as it is evaluated, and
+    skips the ``(row, config)`` pairs in ``done``."""
+    ft = dict(finetune_steps=args.finetune_steps,
+              finetune_epochs=args.finetune_epochs, weighted=False)
     stateless = AlgorithmState(state.server, (), state.round)
-    algs = {("plain finetuning", 0.0): algorithms.ewc(model, lam=0.0, **common, **ft)}
-    algs.update({("EWC", lam): algorithms.ewc(model, lam=lam, **common, **ft)
-                 for lam in args.ewc_lams})
-    algs.update({("SKL", lam): algorithms.skl(model, lam=lam, **common, **ft)
-                 for lam in args.skl_lams})
-    out = []
-    for (row, lam), alg in algs.items():
+    make = {"plain finetuning": algorithms.ewc, "EWC": algorithms.ewc,
+            "SKL": algorithms.skl}
+    for row, lam in finetune_configs(args):
+        config = finetune_label(lam, args)
+        if (row, config) in done:
+            continue
+        alg = make[row](model, lam=lam, **common, **ft)
         t0 = time.perf_counter()
         with execution(engine):
             ev = jax.jit(lambda s, d, alg=alg: metrics.evaluate(
                 {"personal": alg.eval_models(s, d, key)["personal"]}, d,
                 splits=splits_of(d), mask=benign))(stateless, fed)
-        out.append({"row": row, "config": f"lam={lam:g}", **summary(ev, "personal"),
-                    "eval_wall_s": time.perf_counter() - t0})
-    return out
+        yield {"row": row, "config": config, **summary(ev, "personal"),
+               "eval_wall_s": time.perf_counter() - t0}
+
+
+SAME_RUN = ("benchmark", "attack", "ratio", "rounds", "model", "clients",
+            "cohort_size", "local_steps", "finetune_steps", "finetune_epochs",
+            "input", "val_fraction", "seed")
+
+
+def recorded(path, tag) -> set:
+    """The ``(row, config)`` pairs that ``path`` already holds for a run with
+    ``tag``'s settings (what ``--resume`` skips)."""
+    if not path or not os.path.exists(path):
+        return set()
+    with open(path) as fh:
+        recs = [json.loads(line) for line in fh if line.strip()]
+    return {(r["row"], r.get("config")) for r in recs
+            if all(r.get(k) == tag.get(k) for k in SAME_RUN)}
 
 
 def _config(r) -> str:
@@ -178,6 +222,10 @@ def main(argv=None):
     p.add_argument("--cohort-size", type=int, default=10)
     p.add_argument("--local-steps", type=int, default=10)
     p.add_argument("--finetune-steps", type=int, default=50)
+    p.add_argument("--finetune-epochs", type=float, default=None,
+                   help="finetune plain/EWC/SKL for this many epochs per writer "
+                   "(ceil(E n_k / 32) steps; the paper's 50) instead of "
+                   "--finetune-steps")
     p.add_argument("--lam", type=float, default=1.0, help="Ditto's lambda")
     p.add_argument("--l2sgd-lam", type=float, default=1.0)
     p.add_argument("--ewc-lams", type=float, nargs="+", default=[10.0, 100.0])
@@ -195,9 +243,16 @@ def main(argv=None):
                    help="each writer's train tail held out to choose hyperparameters "
                    "on (the Ditto code's hold-out); 0: none (then chosen on test)")
     p.add_argument("--seed", type=int, default=0)
+    add_checkpoint_args(p, "<method>; with --resume the rows already in --out "
+                        "for these settings are skipped")
     args = parse_or_report(p, argv, report)
     if args is None:
         return []
+    if args.finetune_epochs is not None and args.finetune_epochs <= 0:
+        p.error(f"--finetune-epochs: must be > 0, got {args.finetune_epochs}")
+    if args.checkpoint_every and args.checkpoint_every > args.rounds:
+        p.error(f"--checkpoint-every: at most --rounds ({args.rounds}), got "
+                f"{args.checkpoint_every}")
 
     fed = data.load_femnist(max_writers=args.num_clients,
                             flatten=args.model == "mlp", val_fraction=args.val_fraction)
@@ -244,7 +299,8 @@ def main(argv=None):
     tag = {"benchmark": "ditto_table2", "attack": args.attack, "ratio": ratio,
            "rounds": args.rounds, "model": args.model, "clients": fed.num_clients,
            "cohort_size": args.cohort_size, "local_steps": args.local_steps,
-           "finetune_steps": args.finetune_steps, "input": args.input,
+           "finetune_steps": args.finetune_steps,
+           "finetune_epochs": args.finetune_epochs, "input": args.input,
            "val_fraction": args.val_fraction, "config_args": vars(args),
            "seed": args.seed, **_meta()}
     print(f"FEMNIST: {fed.num_clients} writers, {fed.train.num_examples} train / "
@@ -259,32 +315,49 @@ def main(argv=None):
         print(f"  {rec['row']:>17} ({rec.get('config')}): mean {rec['mean']:.3f} "
               f"std {rec['std']:.3f}")
 
-    init_key, run_key = jax.random.split(jax.random.key(args.seed))
+    done = recorded(args.out, tag) if args.resume else set()
     eval_key = jax.random.key(args.seed + 1)
     for run in args.methods:
-        alg = algs[run]
+        todo = [(row, view, config) for row, view, config in views[run]
+                if (row, config) not in done]
+        ft_todo = run == "ditto" and any(
+            (row, finetune_label(lam, args)) not in done
+            for row, lam in finetune_configs(args))
+        if not todo and not ft_todo:
+            print(f"{run}: every row already in {args.out}")
+            continue
+        alg, run_engine = algs[run], engines.get(run, engine)
+        ckdir = args.checkpoint_dir and os.path.join(args.checkpoint_dir, run)
+        resumed = bool(ckdir and os.path.isdir(ckdir) and any(
+            d.isdigit() for d in os.listdir(ckdir)))
         t0 = time.perf_counter()
-        with execution(engines.get(run, engine)):  # rounds traced under it
-            state = alg.init(init_key, fed)
-            step = jax.jit(lambda s, d, k, alg=alg: alg.round_step(s, d, k),
-                           donate_argnums=0)
-            for _ in range(args.rounds):  # one jitted call per round (CPU default)
-                state, train_metrics = step(state, fed, run_key)
-            jax.block_until_ready(state)
-            train_wall = time.perf_counter() - t0
-            wanted = {view for _, view, _ in views[run]}
-            ev = jax.jit(lambda s, d, alg=alg, wanted=wanted: metrics.evaluate(
-                {k: v for k, v in alg.eval_models(s, d, eval_key).items()
-                 if k in wanted}, d, splits=splits_of(d), mask=benign))(state, fed)
-        wall = time.perf_counter() - t0
-        for row, view, config in views[run]:
-            emit({"row": row, "run": run, "config": config, **summary(ev, view),
-                  "train_loss": float(train_metrics["train/loss"]),
-                  "train_wall_s": train_wall, "wall_s": wall})
-        if run == "ditto":
+        # rounds exactly as a plain loop of round_step (the same keys); the
+        # validation evaluations at the checkpoints are the run's trajectory
+        res = simulate(alg, fed, num_rounds=args.rounds,
+                       eval_every=args.checkpoint_every or args.rounds,
+                       key=jax.random.key(args.seed), eval_mask=benign,
+                       splits=splits_of(fed)[:1], progress=False, engine=run_engine,
+                       checkpoint_dir=ckdir, checkpoint_every=args.checkpoint_every,
+                       resume=args.resume,
+                       jsonl_path=ckdir and os.path.join(ckdir, "history.jsonl"))
+        state, train_wall = res.state, time.perf_counter() - t0
+        if todo:
+            wanted = {view for _, view, _ in todo}
+            with execution(run_engine):
+                ev = jax.jit(lambda s, d, alg=alg, wanted=wanted: metrics.evaluate(
+                    {k: v for k, v in alg.eval_models(s, d, eval_key).items()
+                     if k in wanted}, d, splits=splits_of(d), mask=benign))(state, fed)
+            wall = time.perf_counter() - t0
+            for row, view, config in todo:
+                emit({"row": row, "run": run, "config": config, **summary(ev, view),
+                      "train_loss_chunk_mean": float(res.history[-1]["train/loss"]),
+                      "train_wall_s": train_wall, "wall_s": wall,
+                      "resumed": resumed})
+        if ft_todo:
             for r in finetune_rows(model, state, fed, eval_key, benign, common, args,
-                                   ft_engine):
-                emit({"run": "ditto_w_star", "train_wall_s": train_wall, **r})
+                                   ft_engine, done):
+                emit({"run": "ditto_w_star", "train_wall_s": train_wall,
+                      "resumed": resumed, **r})
         print(f"{run}: {args.rounds} rounds in {train_wall:.0f} s, + evaluation "
               f"{time.perf_counter() - t0 - train_wall:.0f} s", flush=True)
     return records

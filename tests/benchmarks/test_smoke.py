@@ -268,6 +268,33 @@ def test_ditto_table2_smoke(tmp_path):
     assert "(on test)" not in table
 
 
+def test_ditto_table2_resume_skips_recorded_rows(tmp_path):
+    """A Ditto run stopped after its first rows resumes from its final
+    checkpoint and writes only the missing finetuning rows, with the numbers an
+    uninterrupted run gives; a run whose rows are all recorded trains nothing."""
+    if not os.environ.get("FEDJAX_PFL_DATA_DIR"):
+        pytest.skip("FEDJAX_PFL_DATA_DIR is not set")
+    mod = _load("ditto_table2")
+    out = tmp_path / "t2.jsonl"
+    argv = ["--num-clients", "8", "--cohort-size", "2", "--rounds", "2",
+            "--local-steps", "1", "--finetune-epochs", "0.5", "--methods", "ditto",
+            "--ewc-lams", "10", "--skl-lams", "1", "--checkpoint-dir",
+            str(tmp_path / "ck"), "--checkpoint-every", "1", "--out", str(out)]
+    full = mod.main(argv)
+    assert [r["config"] for r in full[2:]] == [
+        "lam=0, 0.5 epochs", "lam=10, 0.5 epochs", "lam=1, 0.5 epochs"]
+    out.write_text("".join(out.read_text().splitlines(True)[:2]))
+    again = mod.main(argv + ["--resume"])
+    assert [(r["row"], r["config"]) for r in again] == [
+        (r["row"], r["config"]) for r in full[2:]]
+    for a, b in zip(again, full[2:]):
+        assert (a["mean"], a["std"], a["val_mean"]) == (b["mean"], b["std"],
+                                                       b["val_mean"])
+        assert a["resumed"] and not b["resumed"]
+    assert mod.main(argv + ["--resume"]) == []
+    assert len(out.read_text().splitlines()) == 5
+
+
 def test_fedfdp_tables_smoke(tmp_path):
     if not os.environ.get("FEDJAX_PFL_DATA_DIR"):
         pytest.skip("FEDJAX_PFL_DATA_DIR is not set")
