@@ -6,7 +6,9 @@ clients, Dirichlet 0.1, 75/25), one Poisson(q) step per round, q = 0.05,
 sigma = 2, sigma_loss = 5; every value of the swept hyperparameter runs as one
 ``fedjax_pfl.sweep`` (the whole simulation vmapped over the values, one program).
 ``--sweep lam`` varies the fairness strength at C = 0.1; ``--sweep clip`` varies
-C at lambda = 0.1. All values share the noise multipliers, hence the epsilon. The
+C at lambda = 0.1; ``--sweep loss_clip_floor`` varies the lower bound of the
+adaptive loss bound (0: the paper's update, which drifts to 0). ``--fair-clip``
+picks the reading of the fair clip for negative or small weights. All values share the noise multipliers, hence the epsilon. The
 model is an MLP by default (a vmapped CNN is slow on CPU; ``--model cnn`` for
 the paper's FedAvgCNN).
 
@@ -37,27 +39,31 @@ MODELS = {
     "mlp": lambda: models.mlp((28, 28, 1), 10, hidden=(200,)),
     "cnn": lambda: models.fedavg_cnn((28, 28, 1), 10),
 }
+SWEEPS = ("lam", "clip", "loss_clip_floor")
 
 
 def report(paths) -> str:
-    rows = ["| model | rounds | normaliser | epsilon | swept | value | lambda | C | "
-            "test acc % | Psi (test loss) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| model | rounds | normaliser | fair clip | epsilon | swept | value | "
+            "lambda | C | loss-bound floor | test acc % | Psi (test loss) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for path in paths:
         with open(path) as fh:
             for r in map(json.loads, fh):
                 norm = r.get("normalize", "realized")  # older records: the paper's
-                eps = f"{r['epsilon']:.3f}" + (", not a bound" if norm == "realized"
-                                               else "")
+                accounted = r.get("accounted", norm == "expected")
+                eps = f"{r['epsilon']:.3f}" + ("" if accounted else ", not a bound")
                 rows.append(
-                    f"| {r['model']} | {r['rounds']} | {norm} | {eps} | "
+                    f"| {r['model']} | {r['rounds']} | {norm} | "
+                    f"{r.get('fair_clip', 'sign_preserving')} | {eps} | "
                     f"{r['sweep']} | {r['value']:g} | {r['lam']:g} | {r['clip']:g} | "
+                    f"{r.get('loss_clip_floor', 0.0):g} | "
                     f"{100 * r['accuracy']:.2f} | {r['psi']:.4g} |")
     return "\n".join(rows)
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sweep", choices=["lam", "clip"], default="lam")
+    p.add_argument("--sweep", choices=SWEEPS, default="lam")
     p.add_argument("--values", nargs="+", type=float, default=[0, 0.01, 0.1, 1, 10])
     p.add_argument("--model", choices=sorted(MODELS), default="mlp")
     p.add_argument("--rounds", type=int, default=100)
@@ -66,6 +72,12 @@ def main(argv=None):
     p.add_argument("--lr", type=float, default=1.0)
     p.add_argument("--lam", type=float, default=0.1, help="fixed lambda (clip sweep)")
     p.add_argument("--clip", type=float, default=0.1, help="fixed C (lambda sweep)")
+    p.add_argument("--loss-clip-floor", type=float, default=0.0,
+                   help="fixed floor of the adaptive loss bound (other sweeps)")
+    p.add_argument("--fair-clip", default="sign_preserving",
+                   choices=["sign_preserving", "paper", "code"],
+                   help="the fair clip's reading (paper and code: not accounted "
+                        "with lambda > 0)")
     p.add_argument("--sigma", type=float, default=2.0)
     p.add_argument("--sigma-loss", type=float, default=5.0)
     p.add_argument("--seed", type=int, default=1)
@@ -79,7 +91,9 @@ def main(argv=None):
         return []
     if args.rounds < 1 or args.eval_every < 1:
         p.error("--rounds and --eval-every must be positive")
-    low = 0.0 if args.sweep == "lam" else 1e-12
+    low = 1e-12 if args.sweep == "clip" else 0.0
+    if args.loss_clip_floor < 0:
+        p.error(f"--loss-clip-floor: must be >= 0, got {args.loss_clip_floor}")
     if any(not np.isfinite(v) or v < low for v in args.values):
         p.error(f"--values: {args.sweep} values must be finite and >= {low}")
     fed = _presets.fedfdp_data("mnist", args.seed, max_examples=args.max_examples)
@@ -89,11 +103,16 @@ def main(argv=None):
     print(f"{fed.num_clients} clients; epsilon after {args.rounds} rounds: {eps:.3f}")
 
     def make(value):
-        kw = {"lam": args.lam, "clip": args.clip, args.sweep: value}
+        kw = {"lam": args.lam, "clip": args.clip,
+              "loss_clip_floor": args.loss_clip_floor, args.sweep: value}
         return _presets.fedfdp_algorithm(
             "fedfdp", model, q=args.q, lr=args.lr, sigma=args.sigma,
             sigma_loss=args.sigma_loss, num_clients=fed.num_clients,
-            normalize=args.normalize, **kw)
+            normalize=args.normalize, fair_clip=args.fair_clip, **kw)
+
+    # a reading of the fair clip that a negative weight can unbound is not
+    # accounted (nor is the realised normaliser): its epsilon is not a bound
+    accounted = [make(float(v)).privacy(fed).accounted for v in args.values]
 
     t0 = time.perf_counter()
     _, hist = fp.sweep(make, {"value": np.asarray(args.values, np.float32)}, fed,
@@ -104,10 +123,12 @@ def main(argv=None):
     for i, v in enumerate(args.values):
         rec = dict(meta, benchmark="fedfdp_sweeps", model=args.model,
                    rounds=args.rounds, delta=DELTA, sweep=args.sweep,
-                   normalize=args.normalize, epsilon=eps,
-                   accounted=args.normalize == "expected",
+                   normalize=args.normalize, epsilon=eps, accounted=accounted[i],
+                   fair_clip=args.fair_clip,
                    value=v, lam=v if args.sweep == "lam" else args.lam,
-                   clip=v if args.sweep == "clip" else args.clip, q=args.q,
+                   clip=v if args.sweep == "clip" else args.clip,
+                   loss_clip_floor=(v if args.sweep == "loss_clip_floor"
+                                    else args.loss_clip_floor), q=args.q,
                    sigma=args.sigma, sigma_loss=args.sigma_loss, lr=args.lr,
                    seed=args.seed, wall_s=wall,
                    accuracy=float(hist["global/test/accuracy/mean"][i][-1]),

@@ -38,11 +38,12 @@ import time
 import jax
 import numpy as np
 
-from fedjax_pfl import models, privacy
+from fedjax_pfl import privacy
 from fedjax_pfl.core import EngineConfig, simulate
 from fedjax_pfl.experiments import _presets
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fedfdp_sweeps import MODELS
 from throughput import (  # noqa: E402
     _meta,
     add_checkpoint_args,
@@ -92,17 +93,29 @@ def plan_rounds(args) -> tuple[float, dict[str, int]]:
     return eps, {m: plan.get(m, args.rounds) for m in METHODS}
 
 
+def _variant(r) -> str:
+    """What sets a record apart from the paper's setting, as a suffix of its
+    method's name (empty for the paper's CNN and FedFDP as published)."""
+    out = " [MLP]" if r.get("model", "cnn") != "cnn" else ""
+    if r.get("loss_clip_floor"):
+        out += f" [loss-bound floor {r['loss_clip_floor']:g}]"
+    if r.get("fair_clip", "sign_preserving") != "sign_preserving":
+        out += f" [fair clip {r['fair_clip']}]"
+    return out
+
+
 def report(path: str) -> str:
     last = {}
     with open(path) as fh:
         for r in map(json.loads, fh):
             last[(r["dataset"], r["method"], r["seed"], r["round"],
-                  r.get("normalize", "realized"))] = r
+                  r.get("normalize", "realized"), _variant(r))] = r
     lines = ["| dataset | method | rounds | normaliser | epsilon (delta 1e-5) | "
              "test acc % | Psi (test loss) | paper acc % | paper Psi | wall s |",
              "|---|---|---|---|---|---|---|---|---|---|"]
-    for (ds, m, _, _, _), r in sorted(last.items(), key=lambda kv: (
-            kv[0][0], METHODS.index(kv[0][1]), kv[0][2], kv[0][3], kv[0][4])):
+    for (ds, m, _, _, _, variant), r in sorted(last.items(), key=lambda kv: (
+            kv[0][0], METHODS.index(kv[0][1]), kv[0][5], kv[0][2], kv[0][3],
+            kv[0][4])):
         private = m in PRIVATE
         # records made before 2026-11-24 carry no normaliser: the paper's |B|
         norm = r.get("normalize", "realized") if private else "-"
@@ -111,7 +124,7 @@ def report(path: str) -> str:
             and r.get("epsilon") else f"{r['epsilon']:.3f}" if r.get("epsilon")
             else "not accounted")
         pa, pp = PAPER.get((ds, m), ("", ""))
-        lines.append(f"| {ds} | {m} | {r['round']} | {norm} | {eps} | "
+        lines.append(f"| {ds} | {m}{variant} | {r['round']} | {norm} | {eps} | "
                      f"{100 * r['global/test/accuracy/mean']:.2f} | "
                      f"{r['global/test/loss/psi']:.3g} | {pa} | {pp} | "
                      f"{r['wall_s']:.0f} |")
@@ -137,6 +150,14 @@ def main(argv=None):
     p.add_argument("--sigma", type=float, default=2.0)
     p.add_argument("--sigma-loss", type=float, default=5.0)
     p.add_argument("--lam", type=float, default=0.1)
+    p.add_argument("--model", default="cnn", choices=sorted(MODELS),
+                   help="the paper's FedAvgCNN, or the sweeps' MLP (CPU-scale)")
+    p.add_argument("--loss-clip-floor", type=float, default=0.0,
+                   help="FedFDP: floor of the adaptive loss bound (0: the paper)")
+    p.add_argument("--fair-clip", default="sign_preserving",
+                   choices=["sign_preserving", "paper", "code"],
+                   help="FedFDP: the fair clip's reading for negative or small "
+                        "weights (paper and code: not accounted with lam > 0)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--strategy", default="auto",
                    choices=["auto", "unroll", "map", "vmap"],
@@ -153,7 +174,9 @@ def main(argv=None):
         return []
     eps, rounds = plan_rounds(args)
     print(f"epsilon {eps:.3f} at delta {DELTA}; rounds: {rounds}")
-    model = models.fedavg_cnn((28, 28, 1), 10)
+    if args.loss_clip_floor < 0:
+        p.error(f"--loss-clip-floor: must be >= 0, got {args.loss_clip_floor}")
+    model = MODELS[args.model]()
     records = []
     for ds in args.datasets:
         fed = _presets.fedfdp_data(ds, args.seed, args.clients, args.max_examples)
@@ -165,7 +188,8 @@ def main(argv=None):
                 m, model, q=args.q, lr=args.lr if m in PRIVATE else args.lr_nonprivate,
                 lam=args.lam, clip=args.clip, sigma=args.sigma,
                 sigma_loss=args.sigma_loss, num_clients=fed.num_clients,
-                normalize=args.normalize)
+                normalize=args.normalize, loss_clip_floor=args.loss_clip_floor,
+                fair_clip=args.fair_clip)
             mech = alg.privacy(fed) if m in PRIVATE else None
             mon = (privacy.Monitor(mech, DELTA) if mech is not None and mech.accounted
                    else None)
@@ -184,6 +208,9 @@ def main(argv=None):
                    "epsilon": last.get("privacy/epsilon"), "q": args.q,
                    "clip": args.clip, "sigma": args.sigma, "lam": args.lam,
                    "normalize": args.normalize, "resumed": args.resume,
+                   "model": args.model,  # FedFDP's own options only on its rows
+                   **({"loss_clip_floor": args.loss_clip_floor,
+                       "fair_clip": args.fair_clip} if m == "fedfdp" else {}),
                    "not_accounted": None if mech is None else mech.reason,
                    "lr": args.lr if m in PRIVATE else args.lr_nonprivate,
                    **{k: v for k, v in last.items()

@@ -388,7 +388,8 @@ FEDFDP_BASELINES = {"mu": 0.001, "alpha": 0.01, "qffl_q": 1.0}
 
 
 def fedfdp_algorithm(method, model, *, q, lr, lam, clip, sigma, sigma_loss,
-                     num_clients, normalize="expected", loss_clip=2.5):
+                     num_clients, normalize="expected", loss_clip=2.5,
+                     loss_clip_floor=0.0, fair_clip="sign_preserving"):
     """FedFDP Tables 1-2 methods, every client every round, one local step on
     a Poisson(q) batch: fedavg (= FedFair with lam 0), fedfair, fedfdp; the
     DP baselines dp_fedavg (DP-FedSGD), dp_scaffold, dp_fedprox, dp_feddyn,
@@ -396,7 +397,8 @@ def fedfdp_algorithm(method, model, *, q, lr, lam, clip, sigma, sigma_loss,
     ``loss_clip`` and multiplier ``sigma_loss``, as FedFDP); and the
     non-private scaffold, fedprox, feddyn, qffl: the DP factories with no clip
     and no noise (the same Poisson batches and normaliser as the FedAvg and
-    FedFair rows). The baselines' own hyperparameters: FEDFDP_BASELINES."""
+    FedFair rows). The baselines' own hyperparameters: FEDFDP_BASELINES.
+    ``loss_clip_floor`` and ``fair_clip`` are FedFDP's (``algorithms.fedfdp``)."""
     common = dict(sampling_rate=q, client_lr=lr, normalize=normalize)
     if method in ("fedavg", "fedfair"):
         return algorithms.fedfair(model, lam=lam if method == "fedfair" else 0.0,
@@ -404,6 +406,7 @@ def fedfdp_algorithm(method, model, *, q, lr, lam, clip, sigma, sigma_loss,
     if method == "fedfdp":
         return algorithms.fedfdp(model, lam=lam, clip=clip, noise_multiplier=sigma,
                                  loss_clip=loss_clip, loss_noise_multiplier=sigma_loss,
+                                 loss_clip_floor=loss_clip_floor, fair_clip=fair_clip,
                                  cohort="full", num_local_steps=1, **common)
     private = method.startswith("dp_")
     base = method[3:] if private else method
@@ -448,7 +451,9 @@ def _fedfdp(cfg):
                            clip=cfg.get("clip", np.inf), sigma=cfg.get("sigma", 0.0),
                            sigma_loss=cfg.get("sigma_loss", 0.0),
                            num_clients=fed.num_clients,
-                           normalize=cfg["normalize"])
+                           normalize=cfg["normalize"],
+                           loss_clip_floor=cfg.get("loss_clip_floor", 0.0),
+                           fair_clip=cfg.get("fair_clip", "sign_preserving"))
     if m not in FEDFDP_PRIVATE:
         return Experiment(alg, fed, views=("global",))
     eps, plan = fedfdp_plan(cfg["rounds"], cfg["q"], cfg["sigma"], cfg["sigma_loss"],
@@ -482,7 +487,16 @@ def _fedfdp_keys(methods, method, rounds, private):
                     sigma=Key(2.0, "noise multiplier", low=0.0),
                     sigma_loss=Key(5.0, "loss-release noise multiplier", low=0.0),
                     target_epsilon=Key(0.0, "budget at delta 1e-5 (0: FedFDP's "
-                                       "epsilon after `rounds`)", low=0.0))
+                                       "epsilon after `rounds`)", low=0.0),
+                    loss_clip_floor=Key(0.0, "lower bound of FedFDP's adaptive loss "
+                                        "bound (0: the paper's eq. 14, where the "
+                                        "bound drifts to 0)", low=0.0,
+                                        only_if=("method", ("fedfdp",))),
+                    fair_clip=Key("sign_preserving", "FedFDP's fair clip for "
+                                  "negative or small weights; 'paper' and 'code' "
+                                  "are not accounted with lam > 0",
+                                  choices=("sign_preserving", "paper", "code"),
+                                  only_if=("method", ("fedfdp",))))
     return keys
 
 

@@ -60,3 +60,26 @@ def test_table1_runs_at_a_nonprivate_lr_and_table2_at_the_papers():
     from fedjax_pfl import experiments
     assert experiments.resolve(experiments.PRESETS["fedfdp-table1"])["lr"] == 0.1
     assert experiments.resolve(experiments.PRESETS["fedfdp-table2"])["lr"] == 1.0
+
+
+def test_loss_clip_floor_and_fair_clip_reach_fedfdp(data):
+    import jax
+    alg = _presets.fedfdp_algorithm("fedfdp", MODEL, num_clients=data.num_clients,
+                                    loss_clip_floor=1.0, **SETTING)
+    state = alg.init(jax.random.key(0), data)
+    for _ in range(3):
+        state, _ = alg.round_step(state, data, jax.random.key(1))
+    assert np.all(np.asarray(state.clients.loss_clip) >= 1.0)
+    paper = _presets.fedfdp_algorithm("fedfdp", MODEL, num_clients=data.num_clients,
+                                      fair_clip="paper", **SETTING)
+    assert not paper.privacy(data).accounted  # lam 0.1: a negative weight
+
+
+def test_fedfdp_only_keys_are_refused_for_other_methods():
+    from fedjax_pfl import experiments
+    preset = experiments.PRESETS["fedfdp-table2"]
+    assert experiments.resolve(preset)["loss_clip_floor"] == 0.0
+    for key, value in (("loss_clip_floor", 0.5), ("fair_clip", "paper")):
+        assert experiments.resolve(preset, {key: value})[key] == value  # fedfdp
+        with pytest.raises(ValueError, match=key):
+            experiments.resolve(preset, {"method": "dp_fedavg", key: value})
