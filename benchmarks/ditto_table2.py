@@ -165,9 +165,10 @@ def report(path: str) -> str:
     with open(path) as fh:
         recs = [json.loads(line) for line in fh]
     runs, rounds = {}, {}
-    for r in recs:
-        runs.setdefault((r["row"], r["attack"], _config(r)), []).append(r)
+    for r in recs:  # one record per seed: a row written twice counts once
+        runs.setdefault((r["row"], r["attack"], _config(r)), {})[r["seed"]] = r
         rounds[r["attack"]] = r["rounds"]
+    runs = {k: list(by_seed.values()) for k, by_seed in runs.items()}
     best = {}
     for (row, attack, cfg), rs in runs.items():
         on = "val_mean" if all("val_mean" in r for r in rs) else "mean"

@@ -293,6 +293,11 @@ def test_ditto_table2_resume_skips_recorded_rows(tmp_path):
         assert a["resumed"] and not b["resumed"]
     assert mod.main(argv + ["--resume"]) == []
     assert len(out.read_text().splitlines()) == 5
+    # a row recorded twice (e.g. by a second finetuning-length run) is one seed
+    out.write_text(out.read_text() + out.read_text().splitlines(True)[0])
+    line = next(x for x in mod.report(str(out)).splitlines()
+                if x.startswith("| global |"))
+    assert line.endswith("| 1 /  |"), line
 
 
 def test_fedfdp_tables_smoke(tmp_path):
