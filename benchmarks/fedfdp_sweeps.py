@@ -42,6 +42,25 @@ MODELS = {
 SWEEPS = ("lam", "clip", "loss_clip_floor")
 
 
+def _nonnegative(text: str) -> float:
+    value = float(text)
+    if not value >= 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def add_fedfdp_options(p: argparse.ArgumentParser) -> None:
+    """FedFDP's options beyond the paper's settings (fedfdp_tables has them
+    too): the floor of the adaptive loss bound and the fair clip's reading."""
+    p.add_argument("--loss-clip-floor", type=_nonnegative, default=0.0,
+                   help="floor of FedFDP's adaptive loss bound (0: the paper's "
+                        "update, which drifts to 0)")
+    p.add_argument("--fair-clip", default="sign_preserving",
+                   choices=["sign_preserving", "paper", "code"],
+                   help="FedFDP's fair clip for negative or small weights (paper "
+                        "and code: not accounted with lambda > 0)")
+
+
 def report(paths) -> str:
     rows = ["| model | rounds | normaliser | fair clip | epsilon | swept | value | "
             "lambda | C | loss-bound floor | test acc % | Psi (test loss) |",
@@ -72,12 +91,7 @@ def main(argv=None):
     p.add_argument("--lr", type=float, default=1.0)
     p.add_argument("--lam", type=float, default=0.1, help="fixed lambda (clip sweep)")
     p.add_argument("--clip", type=float, default=0.1, help="fixed C (lambda sweep)")
-    p.add_argument("--loss-clip-floor", type=float, default=0.0,
-                   help="fixed floor of the adaptive loss bound (other sweeps)")
-    p.add_argument("--fair-clip", default="sign_preserving",
-                   choices=["sign_preserving", "paper", "code"],
-                   help="the fair clip's reading (paper and code: not accounted "
-                        "with lambda > 0)")
+    add_fedfdp_options(p)
     p.add_argument("--sigma", type=float, default=2.0)
     p.add_argument("--sigma-loss", type=float, default=5.0)
     p.add_argument("--seed", type=int, default=1)
@@ -92,8 +106,6 @@ def main(argv=None):
     if args.rounds < 1 or args.eval_every < 1:
         p.error("--rounds and --eval-every must be positive")
     low = 1e-12 if args.sweep == "clip" else 0.0
-    if args.loss_clip_floor < 0:
-        p.error(f"--loss-clip-floor: must be >= 0, got {args.loss_clip_floor}")
     if any(not np.isfinite(v) or v < low for v in args.values):
         p.error(f"--values: {args.sweep} values must be finite and >= {low}")
     fed = _presets.fedfdp_data("mnist", args.seed, max_examples=args.max_examples)

@@ -43,7 +43,7 @@ from fedjax_pfl.core import EngineConfig, simulate
 from fedjax_pfl.experiments import _presets
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fedfdp_sweeps import MODELS
+from fedfdp_sweeps import MODELS, add_fedfdp_options
 from throughput import (  # noqa: E402
     _meta,
     add_checkpoint_args,
@@ -152,12 +152,7 @@ def main(argv=None):
     p.add_argument("--lam", type=float, default=0.1)
     p.add_argument("--model", default="cnn", choices=sorted(MODELS),
                    help="the paper's FedAvgCNN, or the sweeps' MLP (CPU-scale)")
-    p.add_argument("--loss-clip-floor", type=float, default=0.0,
-                   help="FedFDP: floor of the adaptive loss bound (0: the paper)")
-    p.add_argument("--fair-clip", default="sign_preserving",
-                   choices=["sign_preserving", "paper", "code"],
-                   help="FedFDP: the fair clip's reading for negative or small "
-                        "weights (paper and code: not accounted with lam > 0)")
+    add_fedfdp_options(p)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--strategy", default="auto",
                    choices=["auto", "unroll", "map", "vmap"],
@@ -174,8 +169,6 @@ def main(argv=None):
         return []
     eps, rounds = plan_rounds(args)
     print(f"epsilon {eps:.3f} at delta {DELTA}; rounds: {rounds}")
-    if args.loss_clip_floor < 0:
-        p.error(f"--loss-clip-floor: must be >= 0, got {args.loss_clip_floor}")
     model = MODELS[args.model]()
     records = []
     for ds in args.datasets:
