@@ -1,0 +1,42 @@
+"""benchmarks/fedfdp_tables.report: one line per record, FedFDP's variants
+named beside the method, and the settings run with several seeds summarised
+as mean +- std over the seeds."""
+
+import importlib.util
+import json
+import pathlib
+import sys
+
+BENCH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+spec = importlib.util.spec_from_file_location("fedfdp_tables", BENCH / "fedfdp_tables.py")
+ft = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(ft)
+
+
+def _rec(seed, acc, psi, **kw):
+    return {"dataset": "mnist", "method": "fedfdp", "seed": seed, "round": 688,
+            "normalize": "expected", "epsilon": 3.517, "wall_s": 80.0,
+            "global/test/accuracy/mean": acc, "global/test/loss/psi": psi, **kw}
+
+
+def test_report_summarises_seeds_and_names_variants(tmp_path):
+    path = tmp_path / "r.jsonl"
+    recs = [_rec(1, 0.80, 0.05, partition_seed=1), _rec(2, 0.84, 0.07, partition_seed=1),
+            _rec(1, 0.90, 0.01, model="mlp", loss_clip_floor=1.0)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    lines = ft.report(str(path)).splitlines()
+    assert sum(x.startswith("| mnist | fedfdp | 688 | expected | 3.517 |")
+               for x in lines) == 2
+    assert any(x.startswith("| mnist | fedfdp [MLP] [loss-bound floor 1] | 688 | "
+                            "expected | 3.517 | 90.00 |") for x in lines)
+    # two seeds of the paper's setting: 82.00 +- 2.83 (ddof 1); the MLP run alone
+    assert "| mnist | fedfdp | 688 | expected | 1/1, 2/1 | 82.00 +- 2.83 | " \
+           "0.06 +- 0.014 | 95.13 |" in lines
+    assert not any("[MLP]" in x and "+-" in x for x in lines)
+
+
+def test_report_has_no_seed_table_for_single_runs(tmp_path):
+    path = tmp_path / "r.jsonl"
+    path.write_text(json.dumps(_rec(1, 0.8, 0.05)) + "\n")
+    assert "several seeds" not in ft.report(str(path))
