@@ -251,6 +251,8 @@ def main(argv=None):
         return []
     if args.finetune_epochs is not None and args.finetune_epochs <= 0:
         p.error(f"--finetune-epochs: must be > 0, got {args.finetune_epochs}")
+    if (args.resume or args.checkpoint_every) and not args.checkpoint_dir:
+        p.error("--resume and --checkpoint-every need --checkpoint-dir")
     if args.checkpoint_every and args.checkpoint_every > args.rounds:
         p.error(f"--checkpoint-every: at most --rounds ({args.rounds}), got "
                 f"{args.checkpoint_every}")

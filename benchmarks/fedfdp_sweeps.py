@@ -8,7 +8,8 @@ sigma = 2, sigma_loss = 5; every value of the swept hyperparameter runs as one
 ``--sweep lam`` varies the fairness strength at C = 0.1; ``--sweep clip`` varies
 C at lambda = 0.1; ``--sweep loss_clip_floor`` varies the lower bound of the
 adaptive loss bound (0: the paper's update, which drifts to 0). ``--fair-clip``
-picks the reading of the fair clip for negative or small weights. All values share the noise multipliers, hence the epsilon. The
+picks the reading of the fair clip for negative or small weights. All values
+share the noise multipliers, hence the epsilon. The
 model is an MLP by default (a vmapped CNN is slow on CPU; ``--model cnn`` for
 the paper's FedAvgCNN).
 
