@@ -95,11 +95,13 @@ def plan_rounds(args) -> tuple[float, dict[str, int]]:
 
 def _variant(r) -> str:
     """What sets a record apart from the paper's setting, as a suffix of its
-    method's name (empty for the paper's CNN, lambda 0.1 and FedFDP as
+    method's name (empty for the paper's CNN, lambda 0.1, C 0.1 and FedFDP as
     published)."""
     out = " [MLP]" if r.get("model", "cnn") != "cnn" else ""
     if r["method"] in ("fedfair", "fedfdp") and r.get("lam", 0.1) != 0.1:
         out += f" [lam {r['lam']:g}]"
+    if r["method"] in PRIVATE and r.get("clip", 0.1) != 0.1:
+        out += f" [C {r['clip']:g}]"
     if r.get("loss_clip_floor"):
         out += f" [loss-bound floor {r['loss_clip_floor']:g}]"
     if r.get("fair_clip", "sign_preserving") != "sign_preserving":

@@ -24,7 +24,8 @@ def test_report_summarises_seeds_and_names_variants(tmp_path):
     path = tmp_path / "r.jsonl"
     recs = [_rec(1, 0.80, 0.05, partition_seed=1), _rec(2, 0.84, 0.07, partition_seed=1),
             _rec(1, 0.90, 0.01, model="mlp", loss_clip_floor=1.0),
-            _rec(1, 0.91, 0.01, model="mlp", loss_clip_floor=1.0, lam=10.0)]
+            _rec(1, 0.91, 0.01, model="mlp", loss_clip_floor=1.0, lam=10.0),
+            _rec(1, 0.92, 0.01, model="mlp", loss_clip_floor=1.0, lam=10.0, clip=1.0)]
     path.write_text("".join(json.dumps(r) + "\n" for r in recs))
     lines = ft.report(str(path)).splitlines()
     assert sum(x.startswith("| mnist | fedfdp | 688 | expected | 3.517 |")
@@ -33,6 +34,8 @@ def test_report_summarises_seeds_and_names_variants(tmp_path):
                             "expected | 3.517 | 90.00 |") for x in lines)
     assert any(x.startswith("| mnist | fedfdp [MLP] [lam 10] [loss-bound floor 1] "
                             "| 688 | expected | 3.517 | 91.00 |") for x in lines)
+    assert any(x.startswith("| mnist | fedfdp [MLP] [lam 10] [C 1] [loss-bound floor 1]"
+                            " | 688 | expected | 3.517 | 92.00 |") for x in lines)
     # two seeds of the paper's setting: 82.00 +- 2.83 (ddof 1); the MLP run alone
     assert "| mnist | fedfdp | 688 | expected | 1/1, 2/1 | 82.00 +- 2.83 | " \
            "0.06 +- 0.014 | 95.13 |" in lines
