@@ -98,28 +98,24 @@ def finetune_label(lam, args) -> str:
     return f"lam={lam:g}{length}"
 
 
-def finetune_rows(model, state, fed, key, benign, common, args, engine,
-                  done=frozenset()):
-    """Plain finetuning, EWC and SKL from the final ``w*`` of the Ditto run,
-    evaluated under ``engine``: yields each row as soon as it is evaluated, and
-    skips the ``(row, config)`` pairs in ``done``."""
+def finetune_rows(model, state, fed, key, benign, common, args, engine, configs):
+    """Plain finetuning, EWC and SKL from the final ``w*`` of the Ditto run, one
+    row per ``(row, lambda)`` of ``configs``, evaluated under ``engine``: yields
+    each row as soon as it is evaluated."""
     ft = dict(finetune_steps=args.finetune_steps,
               finetune_epochs=args.finetune_epochs, weighted=False)
     stateless = AlgorithmState(state.server, (), state.round)
     make = {"plain finetuning": algorithms.ewc, "EWC": algorithms.ewc,
             "SKL": algorithms.skl}
-    for row, lam in finetune_configs(args):
-        config = finetune_label(lam, args)
-        if (row, config) in done:
-            continue
+    for row, lam in configs:
         alg = make[row](model, lam=lam, **common, **ft)
         t0 = time.perf_counter()
         with execution(engine):
             ev = jax.jit(lambda s, d, alg=alg: metrics.evaluate(
                 {"personal": alg.eval_models(s, d, key)["personal"]}, d,
                 splits=splits_of(d), mask=benign))(stateless, fed)
-        yield {"row": row, "config": config, **summary(ev, "personal"),
-               "eval_wall_s": time.perf_counter() - t0}
+        yield {"row": row, "config": finetune_label(lam, args),
+               **summary(ev, "personal"), "eval_wall_s": time.perf_counter() - t0}
 
 
 SAME_RUN = ("benchmark", "attack", "ratio", "rounds", "model", "clients",
@@ -251,8 +247,6 @@ def main(argv=None):
         return []
     if args.finetune_epochs is not None and args.finetune_epochs <= 0:
         p.error(f"--finetune-epochs: must be > 0, got {args.finetune_epochs}")
-    if (args.resume or args.checkpoint_every) and not args.checkpoint_dir:
-        p.error("--resume and --checkpoint-every need --checkpoint-dir")
     if args.checkpoint_every and args.checkpoint_every > args.rounds:
         p.error(f"--checkpoint-every: at most --rounds ({args.rounds}), got "
                 f"{args.checkpoint_every}")
@@ -323,9 +317,8 @@ def main(argv=None):
     for run in args.methods:
         todo = [(row, view, config) for row, view, config in views[run]
                 if (row, config) not in done]
-        ft_todo = run == "ditto" and any(
-            (row, finetune_label(lam, args)) not in done
-            for row, lam in finetune_configs(args))
+        ft_todo = [(row, lam) for row, lam in finetune_configs(args)
+                   if run == "ditto" and (row, finetune_label(lam, args)) not in done]
         if not todo and not ft_todo:
             print(f"{run}: every row already in {args.out}")
             continue
@@ -358,7 +351,7 @@ def main(argv=None):
                       "resumed": resumed})
         if ft_todo:
             for r in finetune_rows(model, state, fed, eval_key, benign, common, args,
-                                   ft_engine, done):
+                                   ft_engine, ft_todo):
                 emit({"run": "ditto_w_star", "train_wall_s": train_wall,
                       "resumed": resumed, **r})
         print(f"{run}: {args.rounds} rounds in {train_wall:.0f} s, + evaluation "

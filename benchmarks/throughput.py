@@ -185,6 +185,10 @@ def parse_or_report(p: argparse.ArgumentParser, argv, report, *, multiple=False)
     if args.report:
         print(report(args.report))
         return None
+    # add_checkpoint_args' flags, refused before any data is loaded
+    if ((getattr(args, "resume", False) or getattr(args, "checkpoint_every", None))
+            and not args.checkpoint_dir):
+        p.error("--resume and --checkpoint-every need --checkpoint-dir")
     return args
 
 
