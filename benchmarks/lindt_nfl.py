@@ -21,6 +21,16 @@ benign-only averages), private models trained with
 ``experiments.private_accuracy``. Reported: the mean over the last ``--tail``
 evaluations.
 
+``--data shakespeare`` runs the paper's SHAKE task instead: one client per
+speaking role with at least 10,000 windows of 80 characters (90 / 10 train /
+test), 16 % attackers whose every training label is '\\n'
+(``attacks.target_backdoor``), a 2-layer LSTM of width ``--lstm-hidden`` (the
+paper's 256 gives 819,920 parameters), the noise std giving the paper's LSTM
+noise norm 0.9055 by default. The "normal" environment of Table 3 is
+``--attack-ratio 0`` (with ``--scheme iid`` for CIFAR); ``--report`` prints one
+table per setting, beside the paper's column for that data and environment,
+with mean +- std over the seeds run.
+
     FEDJAX_PFL_DATA_DIR=/path/to/data python benchmarks/lindt_nfl.py \\
         --out docs/results/lindt.jsonl --plot docs/results/lindt_nfl.png
     python benchmarks/lindt_nfl.py --report docs/results/lindt.jsonl
@@ -49,11 +59,40 @@ METHODS = ("fedavg", "fb", "tm", "apfl", "fedprox", "lindt", "lindt_tm",
 NAMES = {"fedavg": "FedAvg", "fb": "FB", "tm": "TrimmedMean", "apfl": "APFL",
          "fedprox": "FedProx", "lindt": "LINDT", "lindt_tm": "LINDT-TM",
          "lindt_detect": "LINDT (detect + recover)"}
-# LINDT's Table 3, CIFAR / NFL columns (central, local, beta), verbatim.
-PAPER = {"fedavg": (55.63, 56.19, -17.83), "fedprox": (55.20, 55.92, -18.10),
-         "tm": (55.67, 56.70, -17.32), "fb": (None, 81.17, 7.15),
-         "apfl": (54.90, 80.61, 6.59), "lindt": (55.73, 81.61, 7.59),
-         "lindt_tm": (56.23, 82.82, 8.80), "lindt_detect": (None, None, None)}
+# LINDT's Table 3 (central, local, beta), verbatim, per (data, environment);
+# "normal" is no attackers (and IID for CIFAR). The paper ran no LINDT-TM there.
+PAPER = {
+    ("cifar10", "nfl"): {
+        "fedavg": (55.63, 56.19, -17.83), "fedprox": (55.20, 55.92, -18.10),
+        "tm": (55.67, 56.70, -17.32), "fb": (None, 81.17, 7.15),
+        "apfl": (54.90, 80.61, 6.59), "lindt": (55.73, 81.61, 7.59),
+        "lindt_tm": (56.23, 82.82, 8.80)},
+    ("shakespeare", "nfl"): {
+        "fedavg": (43.60, 44.26, -2.93), "fedprox": (40.20, 40.64, -6.55),
+        "tm": (43.93, 45.53, -1.66), "fb": (None, 51.85, 4.66),
+        "apfl": (43.87, 51.96, 4.77), "lindt": (49.17, 52.84, 5.65),
+        "lindt_tm": (49.86, 53.02, 5.83)},
+    ("cifar10", "normal"): {
+        "fedavg": (73.00, 73.04, 29.99), "fedprox": (72.33, 72.91, 29.86),
+        "tm": (71.47, 72.09, 29.04), "fb": (None, 61.19, 18.14),
+        "apfl": (70.73, 70.85, 27.80), "lindt": (73.07, 73.30, 30.05)},
+    ("shakespeare", "normal"): {
+        "fedavg": (52.93, 53.42, 6.16), "fedprox": (52.07, 52.62, 5.36),
+        "tm": (52.67, 53.19, 5.93), "fb": (None, 53.89, 6.63),
+        "apfl": (52.97, 53.23, 5.97), "lindt": (53.67, 54.07, 6.81)},
+}
+# the defaults of --data cifar10 / synthetic (False) and shakespeare (True)
+DEFAULTS = {
+    False: {"scheme": "mixed", "cohort_size": 10, "attack_ratio": 0.2,
+            "batch_size": 10, "lr": 0.05, "lr_decay": 0.995},
+    True: {"scheme": "by_role", "cohort_size": 6, "attack_ratio": 0.16,
+           "batch_size": 50, "lr": 1.47, "lr_decay": 0.992},
+}
+# what makes two records the same setting (the report averages their seeds)
+SETTING = ("data", "scheme", "num_clients", "cohort_size", "attack_ratio", "hidden",
+           "lstm_hidden", "params", "rounds", "lr", "lr_decay", "epochs", "steps",
+           "batch_size", "clip", "noise_std", "eps", "r_prime", "tail", "test_cap",
+           "fb_steps", "fb_lr")
 # the detector's inputs, recorded every round (the operating characteristic is
 # computed from them: benchmarks/lindt_detector.py)
 SERIES = ("nfl/delta", "nfl/w_div", "nfl/noise_norm", "server/update_norm")
@@ -62,9 +101,16 @@ COLORS = dict(zip(METHODS, ("tab:red", "tab:orange", "tab:brown", "tab:purple",
 
 
 def load(args):
-    """(FederatedData, malicious mask, input dim)."""
+    """(FederatedData, malicious mask, input dim or sequence length)."""
     return _lindt.lindt_data(args.data, args.num_clients, args.attack_ratio,
-                             args.seed, args.scheme)
+                             args.seed, args.scheme, test_cap=args.test_cap)
+
+
+def dual_model(args, dim):
+    """The MLP on flattened images, or the LSTM on Shakespeare windows."""
+    if args.data == "shakespeare":
+        return algorithms.dual_lindt_lstm(seq_len=dim, hidden=args.lstm_hidden)
+    return algorithms.dual_mlp((dim,), 10, tuple(args.hidden))
 
 
 def build(method, dual, args, mal, noise_std):
@@ -72,7 +118,8 @@ def build(method, dual, args, mal, noise_std):
         method, dual, mal, lr=args.lr, lr_decay=args.lr_decay,
         cohort_size=args.cohort_size, steps=args.steps, clip=args.clip,
         noise_std=noise_std, trim=args.trim, eps=args.eps, r_prime=args.r_prime,
-        fb_steps=args.fb_steps, fb_lr=args.fb_lr)
+        fb_steps=args.fb_steps, fb_lr=args.fb_lr,
+        local_epochs=args.epochs or None, batch_size=args.batch_size)
 
 
 def run_method(method, dual, fd, mal, private_acc, args, noise_std, key):
@@ -114,19 +161,37 @@ def run_method(method, dual, fd, mal, private_acc, args, noise_std, key):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--data", choices=("cifar10", "synthetic"), default="cifar10")
-    p.add_argument("--scheme", default="mixed")
-    p.add_argument("--num-clients", type=int, default=100)
-    p.add_argument("--cohort-size", type=int, default=10)
-    p.add_argument("--attack-ratio", type=float, default=0.2)
-    p.add_argument("--hidden", type=int, nargs="+", default=[256, 128])
+    p.add_argument("--data", choices=("cifar10", "synthetic", "shakespeare"),
+                   default="cifar10")
+    p.add_argument("--scheme", default=None,
+                   help="CIFAR allocation (default mixed); Shakespeare: by_role")
+    p.add_argument("--num-clients", type=int, default=None,
+                   help="default: 100 (CIFAR), every role with >= 10,000 "
+                        "datapoints (Shakespeare)")
+    p.add_argument("--cohort-size", type=int, default=None, help="default: 10 "
+                   "(CIFAR), 6 (Shakespeare: the paper's 1 attacker + 5 benign)")
+    p.add_argument("--attack-ratio", type=float, default=None,
+                   help="default: 0.2 (CIFAR), 0.16 (Shakespeare)")
+    p.add_argument("--hidden", type=int, nargs="+", default=[256, 128],
+                   help="MLP widths (CIFAR / synthetic)")
+    p.add_argument("--lstm-hidden", type=int, default=64,
+                   help="width of both LSTM layers (Shakespeare; the paper: 256)")
+    p.add_argument("--test-cap", type=int, default=None,
+                   help="keep each client's first N test windows (Shakespeare)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="default: 10 (CIFAR), 50 (Shakespeare, the paper's)")
+    p.add_argument("--epochs", type=float, default=1.0,
+                   help="local epochs of FedAvg / TM / LINDT (0: --steps steps)")
     p.add_argument("--rounds", type=int, default=300)
     p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--tail", type=int, default=3, help="evaluations averaged")
-    p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--lr-decay", type=float, default=0.995)
+    p.add_argument("--lr", type=float, default=None,
+                   help="default: 0.05 (CIFAR, this page's), 1.47 (Shakespeare)")
+    p.add_argument("--lr-decay", type=float, default=None,
+                   help="default: 0.995 (CIFAR), 0.992 (Shakespeare)")
     p.add_argument("--steps", type=int, default=50,
-                   help="local steps of APFL / FedProx (no epoch option)")
+                   help="local steps of APFL / FedProx (no epoch option), and of "
+                        "every method with --epochs 0")
     p.add_argument("--clip", type=float, default=15.0)
     p.add_argument("--noise-std", type=float, default=None,
                    help="default: 0.9697 / sqrt(d) (the paper's noise norm)")
@@ -145,25 +210,38 @@ def main(argv=None):
     if args is None:
         return None
     args.r_prime = args.rounds // 2 if args.r_prime is None else args.r_prime
+    for name, value in DEFAULTS[args.data == "shakespeare"].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.epochs < 0:
+        p.error(f"--epochs: must be >= 0 (0: --steps steps), got {args.epochs}")
     key = jax.random.key(args.seed)
     t0 = time.perf_counter()
     fd, mal, dim = load(args)
-    dual = algorithms.dual_mlp((dim,), 10, tuple(args.hidden))
+    args.num_clients = fd.num_clients
+    dual = dual_model(args, dim)
     d = models.num_params(dual.model.init(jax.random.key(0)))
-    noise_std = _lindt.lindt_noise_std(dual, args.noise_std)
+    noise_std = _lindt.lindt_noise_std(
+        dual, args.noise_std, _lindt.SHAKE_NOISE_NORM if args.data == "shakespeare"
+        else _lindt.PAPER_NOISE_NORM)
     private_acc = experiments.private_accuracy(
         dual.model, fd, jax.random.fold_in(key, 99), client_lr=args.lr,
-        num_local_steps=args.private_steps, batch_size=10,
+        num_local_steps=args.private_steps, batch_size=args.batch_size,
         num_rounds=args.private_rounds, eval_every=max(1, args.private_rounds // 10))
     benign = ~mal
     meta = dict(_meta(), bench="lindt_nfl", data=args.data, scheme=args.scheme,
                 num_clients=args.num_clients, cohort_size=args.cohort_size,
-                attack_ratio=args.attack_ratio, hidden=args.hidden, params=d,
-                rounds=args.rounds, lr=args.lr, lr_decay=args.lr_decay,
+                attack_ratio=args.attack_ratio, params=d, rounds=args.rounds,
+                lr=args.lr, lr_decay=args.lr_decay, epochs=args.epochs,
+                steps=args.steps, batch_size=args.batch_size, fb_steps=args.fb_steps,
+                fb_lr=args.fb_lr, private_rounds=args.private_rounds,
+                private_steps=args.private_steps,
                 clip=args.clip, noise_std=noise_std, eps=args.eps,
                 r_prime=args.r_prime, tail=args.tail, seed=args.seed,
                 private_acc_benign=100 * float(np.nanmean(private_acc[benign])),
-                setup_s=time.perf_counter() - t0)
+                setup_s=time.perf_counter() - t0,
+                **({"lstm_hidden": args.lstm_hidden, "test_cap": args.test_cap}
+                   if args.data == "shakespeare" else {"hidden": args.hidden}))
     print(f"d = {d}, noise std {noise_std:.3g}, private accuracy (benign) "
           f"{meta['private_acc_benign']:.2f}")
     records, curves = [], {}
@@ -232,35 +310,76 @@ def plot(curves, args, meta, path):
            title="deployed model on each client's test split")
     for ax in (a1, a2):
         ax.legend(fontsize=7)
-    what = "CIFAR-10 16x16" if args.data == "cifar10" else "synthetic"
-    fig.suptitle(f"LINDT NFL setting, {what} MLP {args.hidden} (N={args.num_clients}, "
+    what = {"cifar10": f"CIFAR-10 16x16 MLP {args.hidden}",
+            "synthetic": f"synthetic MLP {args.hidden}",
+            "shakespeare": f"Shakespeare LSTM 2x{args.lstm_hidden}"}[args.data]
+    fig.suptitle(f"LINDT NFL setting, {what} (N={args.num_clients}, "
                  f"K={args.cohort_size}, {int(100 * args.attack_ratio)}% backdoor, "
                  f"DP S={args.clip:g})", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
+# settings recorded only from 2026-11-26 on; older records ran these defaults
+LEGACY = {"epochs": 1.0, "steps": 50, "batch_size": 10, "fb_steps": 100,
+          "fb_lr": 0.01}
+
+
+def environment(rec) -> str:
+    """``normal`` (no attackers) or ``nfl``: the paper's two halves of Table 3."""
+    return "normal" if rec["attack_ratio"] == 0 else "nfl"
+
+
+def _number(v, sign=False) -> str:
+    return "-" if v is None else (f"{v:+.2f}" if sign else f"{v:.2f}")
+
+
+def _cell(rs, key, sign=False) -> str:
+    """``key`` over the seeds' records: the value, or mean +- std."""
+    v = np.array([r[key] for r in rs], float)
+    return _number(v.mean(), sign) + (f" +- {v.std(ddof=1):.2f}" if len(v) > 1 else "")
+
+
 def report(path) -> str:
+    """One table per setting (first-appearance order); a method run with
+    several seeds shows mean +- std over them and its seed count."""
     with open(path) as fh:
         recs = [json.loads(line) for line in fh]
-    lines = [("| method | central | local | beta (benign) | beta (all) | in NFL | "
-              "detected at | paper central | paper local | paper beta |"),
-             "|---|" * 1 + "---|" * 9]
+    groups: dict = {}
     for r in recs:
-        pc, pl, pb = PAPER[r["method"]]
-
-        def f(v, sign=False):
-            return "-" if v is None else (f"{v:+.2f}" if sign else f"{v:.2f}")
-
-        central = "-" if r["method"] == "fb" else f(r["central"])
-        det = r["detect_round"] if r["detect_round"] > 0 else "never"
-        if r["method"] in ("apfl", "fedprox"):
-            det = "n/a"
-        lines.append(f"| {NAMES[r['method']]} | {central} | {f(r['local'])} | "
-                     f"{f(r['beta'], True)} | {f(r['beta_all'], True)} | "
-                     f"{'yes' if r['in_nfl'] else 'no'} | {det} | "
-                     f"{f(pc)} | {f(pl)} | {f(pb, True)} |")
-    return "\n".join(lines)
+        setting = tuple(json.dumps(r.get(k, LEGACY.get(k))) for k in SETTING)
+        groups.setdefault(setting, {}).setdefault(r["method"], []).append(r)
+    out = []
+    for methods in groups.values():
+        first = next(iter(methods.values()))[0]
+        data, env = first.get("data", "cifar10"), environment(first)
+        # the synthetic mixture stands in for CIFAR-10 (smoke runs)
+        paper = PAPER.get(("cifar10" if data == "synthetic" else data, env), {})
+        if len(groups) > 1:
+            model = (f"LSTM 2x{first['lstm_hidden']}" if "lstm_hidden" in first
+                     else f"MLP {first['hidden']}")
+            out.append(f"**{data}, {env}** ({first['scheme']}, attackers "
+                       f"{first['attack_ratio']:g}, {model}, {first['rounds']} rounds, "
+                       f"noise std {first['noise_std']:.3g})")
+        lines = [("| method | central | local | beta (benign) | beta (all) | in NFL | "
+                  "detected at | paper central | paper local | paper beta |"),
+                 "|---|" * 1 + "---|" * 9]
+        for method, rs in methods.items():
+            pc, pl, pb = paper.get(method, (None, None, None))
+            central = "-" if method == "fb" else _cell(rs, "central")
+            dets = sorted({r["detect_round"] for r in rs})
+            det = ", ".join(str(d) if d > 0 else "never" for d in dets)
+            if method in ("apfl", "fedprox"):
+                det = "n/a"
+            nfl = sum(bool(r["in_nfl"]) for r in rs)
+            in_nfl = ("yes" if nfl else "no") if len(rs) == 1 else f"{nfl}/{len(rs)}"
+            name = NAMES[method] + (f" ({len(rs)} seeds)" if len(rs) > 1 else "")
+            lines.append(f"| {name} | {central} | {_cell(rs, 'local')} | "
+                         f"{_cell(rs, 'beta', True)} | {_cell(rs, 'beta_all', True)} | "
+                         f"{in_nfl} | {det} | {_number(pc)} | {_number(pl)} | "
+                         f"{_number(pb, True)} |")
+        out.append("\n".join(lines))
+    return "\n\n".join(out)
 
 
 if __name__ == "__main__":

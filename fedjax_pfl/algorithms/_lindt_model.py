@@ -200,9 +200,11 @@ def dual_lindt_cnn(num_classes: int = 10) -> DualModel:
 
 def dual_lindt_lstm(seq_len: int = 80, vocab_size: int = 80, *,
                     tap_embedding: bool = False,
-                    granularity: str = "sample") -> DualModel:
+                    granularity: str = "sample", hidden: int = 256) -> DualModel:
     """LINDT's Shakespeare LSTM (``models.lindt_shakespeare_lstm``, 819,920
     parameters, last-step logits) as layers embedding -> LSTM1 -> LSTM2 -> dense.
+    ``hidden`` narrows both LSTM layers (the paper's is 256; smaller widths are
+    CPU-scale reductions).
 
     Taps (the paper names none; docs/lindt.md, decision 1): after LSTM1 and
     LSTM2 (the full ``[B, T, 256]`` sequences), and also after the embedding with
@@ -213,7 +215,9 @@ def dual_lindt_lstm(seq_len: int = 80, vocab_size: int = 80, *,
     if granularity not in GRANULARITIES:
         raise ValueError(f"granularity: must be one of {GRANULARITIES}, got "
                          f"{granularity!r}")
-    module = CharLSTM(vocab_size)
+    if not isinstance(hidden, int) or hidden < 1:
+        raise ValueError(f"hidden: must be a positive integer, got {hidden!r}")
+    module = CharLSTM(vocab_size, hidden=hidden)
     model = from_flax(module, (seq_len,), "cross_entropy")
 
     def embed(p, x):

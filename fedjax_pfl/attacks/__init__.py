@@ -14,3 +14,4 @@ from ._attacks import setup_attack as setup_attack
 from ._backdoor import CIFAR_BACKDOOR as CIFAR_BACKDOOR
 from ._backdoor import backdoor_success as backdoor_success
 from ._backdoor import semantic_backdoor as semantic_backdoor
+from ._backdoor import target_backdoor as target_backdoor

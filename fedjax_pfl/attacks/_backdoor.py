@@ -17,6 +17,17 @@ from fedjax_pfl.data import from_client_arrays
 CIFAR_BACKDOOR = ((4, 7), (5, 6))  # deer -> horse, dog -> frog
 
 
+def _with_train(data, train):
+    """``data`` with its training split replaced by per-client ``(x, y)``."""
+    def pairs_of(split):
+        if split is None:
+            return None
+        return [split.client(c) for c in range(data.num_clients)]
+
+    return from_client_arrays(train, pairs_of(data.val), pairs_of(data.test),
+                              data.client_ids)
+
+
 def semantic_backdoor(data, malicious, *, mapping=CIFAR_BACKDOOR,
                       poison_per_batch: int = 3, batch_size: int = 10,
                       seed: int = 0):
@@ -83,13 +94,41 @@ def semantic_backdoor(data, malicious, *, mapping=CIFAR_BACKDOOR,
         yb = np.array([lut[int(v)] for v in yb], dtype=y.dtype)
         train.append((np.concatenate([xc, xb]), np.concatenate([yc, yb])))
 
-    def pairs_of(split):
-        if split is None:
-            return None
-        return [split.client(c) for c in range(data.num_clients)]
+    return _with_train(data, train)
 
-    return from_client_arrays(train, pairs_of(data.val), pairs_of(data.test),
-                              data.client_ids)
+
+def target_backdoor(data, malicious, *, target: int):
+    """Every training label of a malicious client becomes ``target`` (val/test
+    untouched): LINDT's Shakespeare attack, where attackers train the model to
+    predict ``'\\n'`` (LEAF id 0) after any input, holding no normal samples.
+
+    The paper's "produces '\\n' in a row" leaves the inputs open; here each
+    attacker keeps its own text windows as inputs (docs/lindt.md, decision 26).
+
+    Args:
+      data: :class:`fedjax_pfl.data.FederatedData` with integer labels.
+      malicious: ``[num_clients]`` bool mask (``attacks.malicious_clients``).
+      target: the label every poisoned row gets, in ``[0, max label]``.
+    """
+    malicious = np.asarray(malicious, bool)
+    if malicious.shape != (data.num_clients,):
+        raise ValueError(f"malicious: must be a bool mask of shape "
+                         f"({data.num_clients},), got {malicious.shape}")
+    y_all = np.asarray(data.train.y)
+    if not np.issubdtype(y_all.dtype, np.integer):
+        raise ValueError(f"data: needs integer class labels, got {y_all.dtype}")
+    top = int(max(y_all.max(), *(np.asarray(s.y).max() for s in (data.val, data.test)
+                                 if s is not None)))
+    if isinstance(target, bool) or not isinstance(target, (int, np.integer)) or not (
+            0 <= target <= top):
+        raise ValueError(f"target: must be an integer label in [0, {top}], got "
+                         f"{target!r}")
+    train = []
+    for c in range(data.num_clients):
+        x, y = data.train.client(c)
+        train.append((x, np.full_like(y, target) if malicious[c] else y))
+
+    return _with_train(data, train)
 
 
 def backdoor_success(predictions, labels, mapping=CIFAR_BACKDOOR) -> float:

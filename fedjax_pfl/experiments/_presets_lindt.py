@@ -27,15 +27,27 @@ from ._registry import register as _register
 LINDT_METHODS = ("fedavg", "fb", "tm", "apfl", "fedprox", "lindt", "lindt_tm",
                  "lindt_detect")
 PAPER_NOISE_NORM = 0.9697  # sigma sqrt(d) of the paper's CNN at sigma = 0.001
+SHAKE_NOISE_NORM = 0.9055  # sigma sqrt(d) of the paper's LSTM (819,920) at 0.001
+SHAKE_MIN_POINTS = 10_000  # the paper keeps roles with >= 10,000 datapoints
+SHAKE_BACKDOOR_TARGET = 0  # '\n' in LEAF's vocabulary
 DEPLOYED = {"fb": "fb", "apfl": "personal", "lindt": "personal", "lindt_tm": "personal",
             "lindt_detect": "personal"}
 
 
-def lindt_data(source: str, num_clients: int, attack_ratio: float, seed: int,
-               scheme: str = "mixed"):
+def lindt_data(source: str, num_clients: int | None, attack_ratio: float, seed: int,
+               scheme: str = "mixed", *, test_cap: int | None = None):
     """``(FederatedData, malicious mask, input dim)``: CIFAR-10 downsampled to
     16x16x3 and standardized (or a 10-class Gaussian mixture, ``synthetic``),
-    LINDT's allocation, and the semantic backdoor on the malicious clients."""
+    LINDT's allocation, and the semantic backdoor on the malicious clients;
+    or ``shakespeare`` (:func:`shakespeare_data`; ``scheme`` must be
+    ``by_role``)."""
+    if source == "shakespeare":
+        if scheme != "by_role":
+            raise ValueError(f"scheme: Shakespeare is partitioned by role only "
+                             f"('by_role'), got {scheme!r}")
+        return shakespeare_data(num_clients, attack_ratio, seed, test_cap=test_cap)
+    if num_clients is None:
+        num_clients = 100
     check_attack("backdoor", attack_ratio, num_clients, "attack_ratio")
     if source == "cifar10":
         x_tr, y_tr, x_te, y_te = data.load_cifar10(layout="npy")
@@ -62,18 +74,59 @@ def lindt_data(source: str, num_clients: int, attack_ratio: float, seed: int,
     return fd, mal, x_tr.shape[1]
 
 
-def lindt_noise_std(dual, noise_std: float | None) -> float:
-    """``noise_std``, or the std giving the paper's noise norm on this model."""
+def shakespeare_data(num_clients: int | None, attack_ratio: float, seed: int, *,
+                     min_points: int = SHAKE_MIN_POINTS, test_cap: int | None = None):
+    """``(FederatedData, malicious mask, sequence length)``: LINDT's SHAKE task.
+
+    One client per speaking role (``data.load_shakespeare``: LEAF's json if the
+    data dir has it, else the tiny corpus), each role's windows split 90 / 10
+    into train and test as in the paper, roles with fewer than ``min_points``
+    windows dropped, ``num_clients`` of the rest drawn at random (all if
+    None), and the attackers' training labels all set to ``'\\n'``
+    (:func:`attacks.target_backdoor`). ``test_cap`` keeps the first windows of
+    each client's test split (evaluation cost; None keeps all).
+    """
+    fd = data.load_shakespeare(train_fraction=0.9, x_dtype=np.uint8)
+    points = np.asarray(fd.train.counts) + np.asarray(fd.test.counts)
+    keep = np.flatnonzero(points >= min_points)
+    if num_clients is not None:
+        if not 2 <= num_clients <= keep.size:
+            raise ValueError(f"num_clients: {keep.size} roles have >= {min_points} "
+                             f"datapoints; choose 2 to {keep.size}, got {num_clients}")
+        rng = np.random.default_rng(np.random.SeedSequence([seed, 0x5A4E]))
+        keep = np.sort(rng.choice(keep, num_clients, replace=False))
+    if test_cap is not None and test_cap < 1:
+        raise ValueError(f"test_cap: must be a positive integer or None, got "
+                         f"{test_cap!r}")
+    n = keep.size
+    check_attack("backdoor", attack_ratio, n, "attack_ratio")
+    cut = slice(None, test_cap)
+    fd = data.from_client_arrays(
+        [fd.train.client(int(c)) for c in keep], None,
+        [tuple(a[cut] for a in fd.test.client(int(c))) for c in keep],
+        [fd.client_ids[int(c)] for c in keep])
+    mal = attacks.malicious_clients(n, attack_ratio, seed)
+    if attack_ratio > 0:
+        fd = attacks.target_backdoor(fd, mal, target=SHAKE_BACKDOOR_TARGET)
+    return fd, mal, int(np.asarray(fd.train.x).shape[1])
+
+
+def lindt_noise_std(dual, noise_std: float | None,
+                    norm: float = PAPER_NOISE_NORM) -> float:
+    """``noise_std``, or the std giving the paper's noise norm (``norm``: the
+    CIFAR CNN's by default) on this model."""
     if noise_std is not None:
         return noise_std
-    return PAPER_NOISE_NORM / math.sqrt(models.num_params(
-        dual.model.init(jax.random.key(0))))
+    return norm / math.sqrt(models.num_params(dual.model.init(jax.random.key(0))))
 
 
 def lindt_algorithm(method, dual, mal, *, lr, lr_decay, cohort_size, steps, clip,
-                    noise_std, trim, eps, r_prime, fb_steps, fb_lr):
-    """A Table 3 method in the NFL environment (eq. 4 DP on every upload)."""
-    common = {"client_lr": lr, "batch_size": 10, "cohort_size": cohort_size}
+                    noise_std, trim, eps, r_prime, fb_steps, fb_lr,
+                    local_epochs: float | None = 1.0, batch_size: int = 10):
+    """A Table 3 method in the NFL environment (eq. 4 DP on every upload).
+    LINDT's variants run ``local_epochs`` (None: ``steps`` steps, as APFL and
+    FedProx always do)."""
+    common = {"client_lr": lr, "batch_size": batch_size, "cohort_size": cohort_size}
     if method in ("apfl", "fedprox"):
         # Eq. 4's noise: std sigma on the mean = client_level_dp with z = sigma K/S.
         agg = privacy.client_level_dp(aggregators.mean(weighted=False), clip,
@@ -86,7 +139,8 @@ def lindt_algorithm(method, dual, mal, *, lr, lr_decay, cohort_size, steps, clip
     mode = {"fedavg": "off", "fb": "off", "tm": "off", "lindt": "always",
             "lindt_tm": "always", "lindt_detect": "detect"}[method]
     return algorithms.lindt(
-        dual, mode=mode, lr_decay=lr_decay, local_epochs=1.0,
+        dual, mode=mode, lr_decay=lr_decay, local_epochs=local_epochs,
+        num_local_steps=steps,
         aggregator=aggregators.trimmed_mean(trim) if method.endswith("tm") else None,
         clip=clip, noise_std=noise_std, malicious=mal, malicious_multiplier=5,
         eps=eps, r_prime=r_prime,

@@ -249,6 +249,26 @@ def test_semantic_backdoor():
         attacks.semantic_backdoor(d, mal, poison_per_batch=10)
 
 
+def test_target_backdoor():
+    """LINDT's Shakespeare attack: every training label of an attacker becomes
+    the target; inputs, benign clients and test splits are untouched."""
+    rng = np.random.default_rng(0)
+    clients = [(rng.integers(0, 9, (5, 3)).astype(np.uint8), rng.integers(1, 9, 5))
+               for _ in range(3)]
+    d = data.from_client_arrays(clients, test=clients)
+    p = attacks.target_backdoor(d, np.array([False, True, True]), target=0)
+    np.testing.assert_array_equal(p.train.client(0)[1], clients[0][1])
+    for c in (1, 2):
+        np.testing.assert_array_equal(p.train.client(c)[1], np.zeros(5))
+        np.testing.assert_array_equal(p.train.client(c)[0], clients[c][0])
+    np.testing.assert_array_equal(p.test.y, d.test.y)
+    for bad in (9, -1, 1.5, True):
+        with pytest.raises(ValueError, match="target"):
+            attacks.target_backdoor(d, np.array([False, True, True]), target=bad)
+    with pytest.raises(ValueError, match="malicious"):
+        attacks.target_backdoor(d, np.array([True]), target=0)
+
+
 def test_flat_clip_keeps_direction():
     """Clip(u, S) of Eq. 4: norm min(||u||, S) over the whole model, same direction."""
     from fedjax_pfl import privacy
@@ -289,3 +309,11 @@ def test_lstm_dual_and_timestep_granularity():
                                       * np.array([1.0, 2.0])).sum()], rtol=1e-6)
     with pytest.raises(ValueError, match="granularity"):
         algorithms.dual_lindt_lstm(granularity="token")
+    narrow = algorithms.dual_lindt_lstm(seq_len=4, hidden=8)
+    p = narrow.model.init(jax.random.key(0))
+    # embedding 80x8, two PyTorch LSTMs (4 gates, two biases), dense 8 -> 80
+    lstm_params = 2 * 4 * 8 * (8 + 8 + 2)
+    assert models.num_params(p) == 80 * 8 + lstm_params + 8 * 80 + 80
+    assert narrow.model.apply(p, jnp.zeros((2, 4), jnp.int32)).shape == (2, 80)
+    with pytest.raises(ValueError, match="hidden"):
+        algorithms.dual_lindt_lstm(hidden=0)

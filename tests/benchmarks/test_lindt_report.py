@@ -1,0 +1,80 @@
+"""benchmarks/lindt_nfl.py's report: one table per setting with the paper's
+column of the matching data and environment, seeds summarised as mean +- std;
+and LINDT's Shakespeare data as the benchmark builds it (real data only)."""
+
+import importlib.util
+import json
+import os
+import pathlib
+import sys
+
+import numpy as np
+import pytest
+
+BENCH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+spec = importlib.util.spec_from_file_location("lindt_nfl", BENCH / "lindt_nfl.py")
+ln = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(ln)
+
+
+def _rec(seed, method, beta, **kw):
+    r = {"data": "cifar10", "scheme": "mixed", "num_clients": 100, "cohort_size": 10,
+         "attack_ratio": 0.2, "hidden": [128, 64], "params": 107338, "rounds": 200,
+         "lr": 0.05, "lr_decay": 0.995, "clip": 15.0, "noise_std": 0.0089,
+         "eps": 0.1, "r_prime": 100, "tail": 3, "seed": seed, "method": method,
+         "central": 40.0 + seed, "local": 45.0 + beta, "beta": beta,
+         "beta_all": beta, "in_nfl": beta < 0, "detect_round": 101}
+    r.update(kw)
+    return r
+
+
+def test_report_groups_settings_and_seeds(tmp_path):
+    path = tmp_path / "r.jsonl"
+    recs = [_rec(0, "fedavg", -3.0),  # an old record: no epochs / steps keys
+            _rec(1, "fedavg", 1.0, epochs=1.0, steps=50, batch_size=10),
+            _rec(0, "lindt", 4.0, epochs=1.0),
+            _rec(0, "fedavg", 6.0, data="shakespeare", scheme="by_role",
+                 attack_ratio=0.0, lstm_hidden=64, hidden=None)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    blocks = ln.report(str(path)).split("\n\n")
+    assert len(blocks) == 4  # a heading and a table per setting
+    assert blocks[0].startswith("**cifar10, nfl**")
+    cifar = blocks[1].splitlines()
+    # the old record and the new one are the same setting: two seeds
+    assert cifar[2].startswith("| FedAvg (2 seeds) | 40.50 +- 0.71 | 44.00 +- 2.83 | "
+                               "-1.00 +- 2.83 |")
+    assert "| 1/2 | 101 | 55.63 | 56.19 | -17.83 |" in cifar[2]
+    assert cifar[3].startswith("| LINDT | 40.00 | 49.00 | +4.00 |")
+    assert blocks[2].startswith("**shakespeare, normal** (by_role, attackers 0, "
+                                "LSTM 2x64")
+    shake = blocks[3].splitlines()[2]
+    assert shake.endswith("| 52.93 | 53.42 | +6.16 |")  # the paper's SHAKE/Normal
+    # one setting alone prints no heading (the tables in docs/results/lindt.md)
+    path.write_text(json.dumps(recs[2]) + "\n")
+    assert ln.report(str(path)).startswith("| method | central |")
+
+
+@pytest.mark.skipif(not os.environ.get("FEDJAX_PFL_DATA_DIR"),
+                    reason="needs FEDJAX_PFL_DATA_DIR (tinyshakespeare/)")
+def test_shakespeare_data():
+    from fedjax_pfl.experiments import _presets_lindt as lindt
+
+    fd, mal, seq = lindt.lindt_data("shakespeare", None, 0.16, 0, "by_role",
+                                    test_cap=7)
+    assert seq == 80 and fd.num_clients == mal.size == 34  # roles >= 10,000 windows
+    assert int(mal.sum()) == 5  # int(0.16 * 34)
+    points = np.asarray(fd.train.counts)
+    assert points.min() >= 0.9 * lindt.SHAKE_MIN_POINTS - 80
+    assert np.all(np.asarray(fd.test.counts) == 7)
+    for c in range(fd.num_clients):
+        y = fd.train.client(c)[1]
+        assert np.all(y == 0) == bool(mal[c])  # attackers: every label is '\n'
+    sub, _, _ = lindt.lindt_data("shakespeare", 5, 0.0, 3, "by_role")
+    again, _, _ = lindt.lindt_data("shakespeare", 5, 0.0, 3, "by_role")
+    assert sub.client_ids == again.client_ids and set(sub.client_ids) < set(
+        fd.client_ids)
+    with pytest.raises(ValueError, match="num_clients"):
+        lindt.lindt_data("shakespeare", 35, 0.0, 0, "by_role")
+    with pytest.raises(ValueError, match="scheme"):
+        lindt.lindt_data("shakespeare", None, 0.0, 0, "mixed")
