@@ -281,9 +281,11 @@ def main(argv=None):
                       f"{v} {g[v]:.3f}" for v in ("global", "personal")
                       if g.get(v) is not None))
         # one record per evaluation (wall_s: this process's seconds, which on a
-        # resumed run cover only the rounds it ran), then the participation table
+        # resumed run cover only the rounds after resumed_from), then the
+        # participation table
         recs = [{**meta, **tag, "wall_s": wall, **row} for row in res.history]
         recs.append({**meta, **tag, "round": rounds, "wall_s": wall,
+                     "resumed_from": res.resumed_from,
                      "stopped_early": res.stopped_early, "by_participation": groups})
         if derive:
             recs += derived_columns(ev, fed, args,

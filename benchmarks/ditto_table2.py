@@ -324,8 +324,6 @@ def main(argv=None):
             continue
         alg, run_engine = algs[run], engines.get(run, engine)
         ckdir = args.checkpoint_dir and os.path.join(args.checkpoint_dir, run)
-        resumed = bool(ckdir and os.path.isdir(ckdir) and any(
-            d.isdigit() for d in os.listdir(ckdir)))
         t0 = time.perf_counter()
         # rounds exactly as a plain loop of round_step (the same keys); the
         # validation evaluations at the checkpoints are the run's trajectory
@@ -337,6 +335,7 @@ def main(argv=None):
                        resume=args.resume,
                        jsonl_path=ckdir and os.path.join(ckdir, "history.jsonl"))
         state, train_wall = res.state, time.perf_counter() - t0
+        resumed = res.resumed_from is not None
         if todo:
             wanted = {view for _, view, _ in todo}
             with execution(run_engine):

@@ -40,6 +40,9 @@ class SimulationResult(NamedTuple):
 
     state: AlgorithmState
     history: list[dict[str, Any]]
+    resumed_from: int | None = None
+    """The rounds done of the checkpoint this run was restored from (None: it
+    started afresh)."""
 
     @property
     def rounds_run(self) -> int:
@@ -515,7 +518,7 @@ def _simulate(algorithm, data, *, num_rounds, eval_every, key, eval_mask, splits
         if missing:
             raise ValueError(f"stop_when: the history has no {missing}; its metrics "
                              f"are {sorted(recorded)}")
-    ckpt = restored = fingerprint = fh = bar = None
+    ckpt = restored = resumed_from = fingerprint = fh = bar = None
     stop = _StopSignals()
     saved_at = [None]  # the rounds done of the last checkpoint written
     try:
@@ -533,6 +536,7 @@ def _simulate(algorithm, data, *, num_rounds, eval_every, key, eval_mask, splits
         if restored is not None:
             state, history, done = restored.state, list(restored.history), \
                 restored.rounds_done
+            resumed_from = done
             _truncate_jsonl(jsonl_path, restored.jsonl_bytes)
         else:
             history, done = [], 0
@@ -561,7 +565,8 @@ def _simulate(algorithm, data, *, num_rounds, eval_every, key, eval_mask, splits
         def interrupt(done):
             if ckpt is not None and saved_at[0] != done:
                 save(done)
-            raise Interrupted(SimulationResult(state, history), history[-1]["round"],
+            raise Interrupted(SimulationResult(state, history, resumed_from),
+                              history[-1]["round"],
                               ckpt is not None, stop.received)
 
         def record(row, done, next_chunk):
@@ -616,7 +621,7 @@ def _simulate(algorithm, data, *, num_rounds, eval_every, key, eval_mask, splits
             fh.close()
         if ckpt is not None:
             ckpt.close()
-    return SimulationResult(state, history)
+    return SimulationResult(state, history, resumed_from)
 
 
 def _compile(algorithm, eval_mask, splits, scan_rounds):

@@ -99,6 +99,7 @@ def test_crash_and_resume_equals_an_uninterrupted_run(tmp_path, alg, data, full)
                       callback=lambda s, row: seen.append(row["round"]), **kw)
     assert seen == [6, 7]  # only the remaining rounds ran
     assert_same_run(res, full)
+    assert (res.resumed_from, full.resumed_from) == (4, None)
     assert any(k == "draw" for k in res.history[-1])  # the key chain is compared
     assert steps(ck) == [4, 7]  # the end of the run is always checkpointed
     # the row written for round 6 before the crash was dropped, not duplicated
@@ -107,6 +108,7 @@ def test_crash_and_resume_equals_an_uninterrupted_run(tmp_path, alg, data, full)
     # resuming a finished run runs nothing and returns the same result
     again = fp.simulate(alg, data, resume=True, callback=crash_at(7), **kw)
     assert_same_run(again, full)
+    assert again.resumed_from == 7
 
 
 @pytest.mark.parametrize("damage", ["crash_mid_write", "corrupt_newest"])
@@ -152,6 +154,7 @@ def test_resume_without_a_checkpoint_starts_afresh(tmp_path, alg, data, full):
     res = fp.simulate(alg, data, checkpoint_dir=str(tmp_path / "new"), resume=True,
                       **RUN)
     assert_same_run(res, full)
+    assert res.resumed_from is None
 
 
 def test_another_runs_checkpoint_is_refused(tmp_path, alg, data):
