@@ -138,10 +138,13 @@ def run_method(method, dual, fd, mal, private_acc, args, noise_std, key):
     state = alg.init(jax.random.fold_in(key, 1), fd)
     rows, per_round, t0 = [], [], time.perf_counter()
     counts = np.asarray(fd.test.counts, np.float64)
+    round_s = []  # each round's step (the float()s below wait for it)
     for r in range(1, args.rounds + 1):
+        t1 = time.perf_counter()
         state, m = step(state, fd, key)
         per_round.append({k: float(v) for k, v in m.items()
                           if k.startswith(("nfl/", "lindt/", "server/"))})
+        round_s.append(time.perf_counter() - t1)
         if r % args.eval_every == 0 or r == args.rounds:
             acc = {k: np.asarray(v) for k, v in ev(state, fd).items()}
             row = {"round": r, "central": 100 * float(np.nansum(acc["global"] * counts)
@@ -156,7 +159,8 @@ def run_method(method, dual, fd, mal, private_acc, args, noise_std, key):
             row.update(per_round[-1])
             rows.append(row)
     seconds = time.perf_counter() - t0
-    return rows, per_round, seconds
+    # the median round, compile (round 1) excluded
+    return rows, per_round, (seconds, float(np.median(round_s[1:] or round_s)))
 
 
 def main(argv=None):
@@ -249,8 +253,8 @@ def main(argv=None):
     if "fb" in args.methods and "fedavg" not in runs:
         runs.insert(0, "fedavg")
     for method in runs:
-        rows, per_round, secs = run_method(method, dual, fd, mal, private_acc, args,
-                                           noise_std, key)
+        rows, per_round, (secs, round_s) = run_method(
+            method, dual, fd, mal, private_acc, args, noise_std, key)
         curves[method] = (rows, per_round)
         outs = [(method, rows)]
         if method == "fedavg" and "fb" in args.methods:
@@ -258,7 +262,7 @@ def main(argv=None):
         for name, rs in outs:
             tail = rs[-args.tail:]
             pre = "fb_" if name == "fb" else ""
-            rec = dict(meta, method=name, seconds=secs,
+            rec = dict(meta, method=name, seconds=secs, round_s_median=round_s,
                        central=float(np.mean([r["central"] for r in tail])),
                        local=float(np.mean([r[pre + "local"] for r in tail])),
                        beta=float(np.mean([r[pre + "beta"] for r in tail])),

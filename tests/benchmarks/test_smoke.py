@@ -227,6 +227,7 @@ def test_lindt_nfl_smoke(tmp_path):
     assert all(len(v) == 2 for v in series.values())
     for r in recs:  # Local - beta = the benign clients' mean private accuracy
         assert abs(r["local"] - r["beta"] - r["private_acc_benign"]) < 1e-3
+        assert 0 < r["round_s_median"] < r["seconds"]
     assert png.stat().st_size > 0 and len(out.read_text().splitlines()) == 3
     table = _load("lindt_nfl").report(str(out))
     assert "| FB | - |" in table and "81.17" in table
