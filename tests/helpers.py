@@ -1,11 +1,30 @@
 """Helpers shared by the algorithm tests (importable: tests/ is on sys.path
 through its conftest.py)."""
 
+import importlib.util
+import pathlib
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import fedjax_pfl as fp
+
+BENCHMARKS = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def load_benchmark(name: str):
+    """``benchmarks/<name>.py`` as a module (the scripts import their siblings,
+    e.g. ``throughput``, so their folder goes on ``sys.path``; dataclasses such
+    as flax modules look their module up in ``sys.modules``)."""
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.insert(0, str(BENCHMARKS))
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def run_jitted(alg, data, num_rounds, key=0, state=None, engine=None):

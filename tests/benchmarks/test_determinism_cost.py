@@ -1,19 +1,10 @@
 """A tiny run of benchmarks/determinism_cost.py so it cannot rot."""
 
-import importlib.util
 import json
-import pathlib
-import sys
 
-ROOT = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
+from helpers import load_benchmark
 
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+_load = load_benchmark
 
 
 def test_determinism_cost_smoke(tmp_path):

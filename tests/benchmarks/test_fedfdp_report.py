@@ -2,16 +2,11 @@
 named beside the method, and the settings run with several seeds summarised
 as mean +- std over the seeds."""
 
-import importlib.util
 import json
-import pathlib
-import sys
 
-BENCH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
-sys.path.insert(0, str(BENCH))
-spec = importlib.util.spec_from_file_location("fedfdp_tables", BENCH / "fedfdp_tables.py")
-ft = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(ft)
+from helpers import load_benchmark
+
+ft = load_benchmark("fedfdp_tables")
 
 
 def _rec(seed, acc, psi, **kw):

@@ -2,19 +2,13 @@
 model that learns only each party's mean shift lies between the noise (a
 perfect model) and the untrained model's test MSE, and grows with the spread."""
 
-import importlib.util
-import pathlib
-import sys
 
 import numpy as np
+from helpers import load_benchmark
 
 from fedjax_pfl import data
 
-PATH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "fedplus_table2.py"
-spec = importlib.util.spec_from_file_location("fedplus_table2", PATH)
-ft = importlib.util.module_from_spec(spec)
-sys.modules["fedplus_table2"] = ft
-spec.loader.exec_module(ft)
+ft = load_benchmark("fedplus_table2")
 
 
 def test_mean_shift_error_is_between_the_noise_and_the_untrained_model():

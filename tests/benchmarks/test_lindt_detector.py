@@ -1,15 +1,11 @@
 """benchmarks/lindt_detector.py: the detector's flag round, detection and false
 alarms computed from hand-made per-round series."""
 
-import importlib.util
-import pathlib
 
 import numpy as np
+from helpers import load_benchmark
 
-PATH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "lindt_detector.py"
-spec = importlib.util.spec_from_file_location("lindt_detector", PATH)
-ld = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(ld)
+ld = load_benchmark("lindt_detector")
 
 
 def record(scheme, ratio, delta, update_norm, seed=0):

@@ -2,20 +2,14 @@
 column of the matching data and environment, seeds summarised as mean +- std;
 and LINDT's Shakespeare data as the benchmark builds it (real data only)."""
 
-import importlib.util
 import json
 import os
-import pathlib
-import sys
 
 import numpy as np
 import pytest
+from helpers import load_benchmark
 
-BENCH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
-sys.path.insert(0, str(BENCH))
-spec = importlib.util.spec_from_file_location("lindt_nfl", BENCH / "lindt_nfl.py")
-ln = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(ln)
+ln = load_benchmark("lindt_nfl")
 
 
 def _rec(seed, method, beta, **kw):

@@ -7,23 +7,14 @@ minutes on two cores); run them with ``python -m pytest -n 2 -m slow``.
 import importlib.util
 import json
 import os
-import pathlib
-import sys
 
 import numpy as np
 import pytest
+from helpers import load_benchmark
 
 pytestmark = pytest.mark.slow
 
-ROOT = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
-
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod  # dataclasses (flax modules) look their module up
-    spec.loader.exec_module(mod)
-    return mod
+_load = load_benchmark
 
 
 def test_throughput_smoke(tmp_path):
