@@ -6,7 +6,9 @@ proportionally to their sizes, an unweighted mean of the updates. One Ditto run
 gives both the ``global`` model (its trajectory is exactly FedAvg's) and the
 ``personal`` models; ``--runs local`` adds local training (``algorithms.local_only``:
 each client trains its own model, 2 steps in each round it is selected, nothing
-shared). Metrics are over benign clients (test accuracy: sample-weighted mean, std
+shared); ``--runs term`` adds the fair baseline of Table 1, TERM (FedAvg whose
+server step is ``aggregators.tilted_mean(--term-t)``, t = 1 in the paper; at
+t = 0 it is Ditto's global model exactly). Metrics are over benign clients (test accuracy: sample-weighted mean, std
 across clients, worst 10 %). Writes JSON lines (``--out``).
 
 A local model never sees another client's data or uploads, so a benign client's
@@ -32,7 +34,7 @@ import time
 import jax
 import numpy as np
 
-from fedjax_pfl import algorithms, attacks, data, metrics, models
+from fedjax_pfl import aggregators, algorithms, attacks, data, metrics, models
 from fedjax_pfl.core import (
     EngineConfig,
     Plateau,
@@ -50,6 +52,7 @@ from throughput import (  # noqa: E402
     write_jsonl,
 )
 
+VIEWS = {"ditto": ("global", "personal"), "local": ("personal",), "term": ("global",)}
 BINS = ((0, 0), (1, 2), (3, 5), (6, 10), (11, 10**9))  # rounds a client took part in
 
 
@@ -124,9 +127,17 @@ TABLE9 = {
               "A3": "0.876 (.11)"},
     "Ditto": {"none": "0.946 (.06)", "A1": "0.935 (.07)", "A2": "0.930 (.07)",
               "A3": "0.740 (.12)"},
+    # the fair baseline (TERM, t = 1) is in Table 1 only; it has no lambda
+    "TERM": {"none": "0.909 (.07)", "A1": "0.637 (.13)", "A2": "0.637 (.14)",
+             "A3": "0.131 (.16)"},
 }  # the 50 % columns
 TABLE1_DITTO = {"none": "0.943 (.06)", "A1": "0.937 (.07)", "A2": "0.930 (.08)",
                 "A3": "0.873 (.11)"}
+
+
+def _sortable(key):
+    """A report key with its missing entries (None: no TERM tilt) sortable."""
+    return tuple(-1.0 if v is None else v for v in key)
 
 
 def report(path: str) -> str:
@@ -139,47 +150,49 @@ def report(path: str) -> str:
     with open(path) as fh:
         for r in map(json.loads, fh):
             key = (r["run"], r["attack"], r["ratio"], r["lam_selection"], r["lam"],
-                   r["seed"])
+                   r.get("term_t"), r["seed"])
             if "by_participation" in r:
                 groups[key] = (r["round"], r["by_participation"],
                                r.get("stopped_early", False))
             elif key not in last or r["round"] >= last[key]["round"]:
                 last[key] = r
     runs = {}
-    for key, r in sorted(last.items()):
+    for key, r in sorted(last.items(), key=lambda kv: _sortable(kv[0])):
         runs.setdefault(key[:-1], []).append(r)
     lines = ["| setting | model | seeds | rounds | benign mean acc | std across "
              "devices | worst 10 % | paper, Table 9 (lambda = 1) | paper, Table 1 "
              "(dynamic lambda) |", "|---|---|---|---|---|---|---|---|---|"]
-    for (run, attack, ratio, sel, lam), rs in runs.items():
+    for (run, attack, ratio, sel, lam, t), rs in runs.items():
         setting = "clean" if attack == "none" else f"{attack} {ratio:.0%}"
-        stops = [groups.get((run, attack, ratio, sel, lam, r["seed"]), (0, 0, False))[2]
-                 for r in rs]
+        stops = [groups.get((run, attack, ratio, sel, lam, t, r["seed"]),
+                            (0, 0, False))[2] for r in rs]
         rounds = ", ".join(f"{r['round']}{' (plateau)' if st else ''}"
                            for r, st in zip(rs, stops))
-        for view in ("global", "personal") if run == "ditto" else ("personal",):
+        for view in VIEWS[run]:
             k = f"{view}/test/accuracy"
-            name = ("global (FedAvg)" if view == "global" else
+            name = (f"TERM (t={t:g})" if run == "term" else
+                    "global (FedAvg)" if view == "global" else
                     f"Ditto ({sel}, lambda={lam:g})" if run == "ditto" else "local")
             if any(r.get("derived_from_clean_run") for r in rs):
                 name = "local (the clean run's models, benign devices)"
-            row = "global" if view == "global" else "Ditto" if run == "ditto" \
-                else "local"
+            row = ("TERM" if run == "term" else "global" if view == "global"
+                   else "Ditto" if run == "ditto" else "local")
             paper1 = TABLE1_DITTO.get(attack, "") if row == "Ditto" else \
                 TABLE9[row].get(attack, "")
+            paper9 = "" if run == "term" else TABLE9[row].get(attack, "")
             lines.append(
                 f"| {setting} | {name} | {len(rs)} | {rounds} | "
                 f"{across_seeds([r[k + '/mean'] for r in rs])} | "
                 f"{np.mean([r[k + '/std'] for r in rs]):.3f} | "
                 f"{across_seeds([r[k + '/worst10'] for r in rs])} | "
-                f"{TABLE9[row].get(attack, '') if ratio in (0, 0.5) else ''} | "
+                f"{paper9 if ratio in (0, 0.5) else ''} | "
                 f"{paper1 if ratio in (0, 0.5) else ''} |")
     if groups:
         lines += ["", "| setting | run | seed | rounds | took part in (rounds) | "
                   "benign clients | global mean acc | personal mean acc |",
                   "|---|---|---|---|---|---|---|---|"]
-        for (run, attack, ratio, _, _, seed), (rounds, rows, _) in sorted(
-                groups.items()):
+        for (run, attack, ratio, _, _, _, seed), (rounds, rows, _) in sorted(
+                groups.items(), key=lambda kv: _sortable(kv[0])):
             setting = "clean" if attack == "none" else f"{attack} {ratio:.0%}"
             for g in (g for g in rows if g["clients"]):
                 acc = {v: "" if g.get(v) is None else f"{g[v]:.3f}"
@@ -196,7 +209,10 @@ def main(argv=None):
     p.add_argument("--ratio", type=float, default=0.0)
     p.add_argument("--rounds", type=int, default=100)
     p.add_argument("--eval-every", type=int, default=50)
-    p.add_argument("--runs", nargs="+", default=["ditto"], choices=["ditto", "local"])
+    p.add_argument("--runs", nargs="+", default=["ditto"],
+                   choices=["ditto", "local", "term"])
+    p.add_argument("--term-t", type=float, default=1.0,
+                   help="TERM's tilt (--runs term; Table 1: t = 1)")
     p.add_argument("--lam", type=float, default=1.0)
     p.add_argument("--lam-selection", default="paper",
                    choices=["fixed", "paper", "greedy_step"])
@@ -242,18 +258,21 @@ def main(argv=None):
         "local": algorithms.local_only(model, **{
             k: v for k, v in common.items()
             if k not in ("weighted", "attack", "malicious")}),
+        "term": algorithms.fedavg(model, aggregator=aggregators.tilted_mean(
+            args.term_t), **common),
     }
     print(f"FMNIST: {fed.num_clients} clients, {fed.train.num_examples} train / "
           f"{fed.val.num_examples} val / {fed.test.num_examples} test rows; attack "
           f"{args.attack} {args.ratio:.0%} ({int(threat.malicious.sum())} malicious)")
     for run in args.runs:
-        views = ("global", "personal") if run == "ditto" else ("personal",)
+        views = VIEWS[run]
         stop = None
         if args.plateau_patience:
             stop = Plateau(tuple(f"{v}/val/accuracy/mean" for v in views),
                            patience=args.plateau_patience, min_delta=args.plateau_delta)
         ckdir = args.checkpoint_dir and os.path.join(args.checkpoint_dir, run)
         tag = {"run": run, "attack": args.attack, "ratio": args.ratio,
+               **({"term_t": args.term_t} if run == "term" else {}),
                "lam_selection": args.lam_selection if run == "ditto" else "fixed",
                "lam": args.lam if run == "ditto" else 0.0, "seed": args.seed,
                "config": {**vars(args), "model": "ditto_fmnist_cnn", **{

@@ -95,6 +95,26 @@ def test_ditto_fmnist_smoke(tmp_path):
         "personal/test/accuracy/mean"]
 
 
+def test_ditto_fmnist_term(tmp_path):
+    """TERM (--runs term) at tilt 0 is the plain mean: Ditto's global model
+    (FedAvg's trajectory), evaluation for evaluation; the report names it
+    beside the paper's Table 1 TERM value."""
+    mod = _small_ditto_fmnist()
+    common = ["--num-clients", "20", "--rounds", "2", "--eval-every", "1",
+              "--lam-selection", "fixed", "--out", str(tmp_path / "t.jsonl")]
+    ditto = mod.main(common + ["--runs", "ditto"])
+    term0 = mod.main(common + ["--runs", "term", "--term-t", "0"])
+    term1 = mod.main(common + ["--runs", "term"])
+    k = "global/test/accuracy/mean"
+    rows = [[r[k] for r in recs if "by_participation" not in r]
+            for recs in (ditto, term0, term1)]
+    assert rows[0] == rows[1] and len(rows[2]) == 3
+    assert term1[-1]["term_t"] == 1.0 and "personal/test/accuracy/mean" not in term1[0]
+    table = mod.report(str(tmp_path / "t.jsonl"))
+    assert "| clean | TERM (t=1) | 1 | 2 |" in table and "| 0.909 (.07) |" in table
+    assert "| clean | TERM (t=0) | 1 | 2 |" in table
+
+
 def test_ditto_fmnist_local_columns_equal_attacked_runs(tmp_path):
     """The attack columns a clean local run derives are what local runs under
     each attack measure on their benign clients."""
