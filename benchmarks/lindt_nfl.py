@@ -92,7 +92,7 @@ DEFAULTS = {
 SETTING = ("data", "scheme", "num_clients", "cohort_size", "attack_ratio", "hidden",
            "lstm_hidden", "params", "rounds", "lr", "lr_decay", "epochs", "steps",
            "batch_size", "clip", "noise_std", "eps", "r_prime", "tail", "test_cap",
-           "fb_steps", "fb_lr")
+           "fb_steps", "fb_lr", "v_init")
 # the detector's inputs, recorded every round (the operating characteristic is
 # computed from them: benchmarks/lindt_detector.py)
 SERIES = ("nfl/delta", "nfl/w_div", "nfl/noise_norm", "server/update_norm")
@@ -119,7 +119,8 @@ def build(method, dual, args, mal, noise_std):
         cohort_size=args.cohort_size, steps=args.steps, clip=args.clip,
         noise_std=noise_std, trim=args.trim, eps=args.eps, r_prime=args.r_prime,
         fb_steps=args.fb_steps, fb_lr=args.fb_lr,
-        local_epochs=args.epochs or None, batch_size=args.batch_size)
+        local_epochs=args.epochs or None, batch_size=args.batch_size,
+        v_init=args.v_init)
 
 
 def run_method(method, dual, fd, mal, private_acc, args, noise_std, key):
@@ -203,6 +204,9 @@ def main(argv=None):
     p.add_argument("--r-prime", type=int, default=None,
                    help="default: rounds // 2 (the paper: 250 of 500)")
     p.add_argument("--trim", type=float, default=0.1)
+    p.add_argument("--v-init", choices=("random", "copy_global"), default="random",
+                   help="LINDT's local models: a fresh init (default) or a copy of "
+                        "the global model at the client's first dual round")
     p.add_argument("--fb-steps", type=int, default=100)
     p.add_argument("--fb-lr", type=float, default=0.01)
     p.add_argument("--private-rounds", type=int, default=20)
@@ -238,6 +242,7 @@ def main(argv=None):
                 attack_ratio=args.attack_ratio, params=d, rounds=args.rounds,
                 lr=args.lr, lr_decay=args.lr_decay, epochs=args.epochs,
                 steps=args.steps, batch_size=args.batch_size, fb_steps=args.fb_steps,
+                v_init=args.v_init,
                 fb_lr=args.fb_lr, private_rounds=args.private_rounds,
                 private_steps=args.private_steps,
                 clip=args.clip, noise_std=noise_std, eps=args.eps,
@@ -326,7 +331,7 @@ def plot(curves, args, meta, path):
 
 # settings recorded only from 2026-11-26 on; older records ran these defaults
 LEGACY = {"epochs": 1.0, "steps": 50, "batch_size": 10, "fb_steps": 100,
-          "fb_lr": 0.01}
+          "fb_lr": 0.01, "v_init": "random"}
 
 
 def environment(rec) -> str:

@@ -122,10 +122,11 @@ def lindt_noise_std(dual, noise_std: float | None,
 
 def lindt_algorithm(method, dual, mal, *, lr, lr_decay, cohort_size, steps, clip,
                     noise_std, trim, eps, r_prime, fb_steps, fb_lr,
-                    local_epochs: float | None = 1.0, batch_size: int = 10):
+                    local_epochs: float | None = 1.0, batch_size: int = 10,
+                    v_init: str = "random"):
     """A Table 3 method in the NFL environment (eq. 4 DP on every upload).
     LINDT's variants run ``local_epochs`` (None: ``steps`` steps, as APFL and
-    FedProx always do)."""
+    FedProx always do) and start their local models by ``v_init``."""
     common = {"client_lr": lr, "batch_size": batch_size, "cohort_size": cohort_size}
     if method in ("apfl", "fedprox"):
         # Eq. 4's noise: std sigma on the mean = client_level_dp with z = sigma K/S.
@@ -145,7 +146,7 @@ def lindt_algorithm(method, dual, mal, *, lr, lr_decay, cohort_size, steps, clip
         clip=clip, noise_std=noise_std, malicious=mal, malicious_multiplier=5,
         eps=eps, r_prime=r_prime,
         finetune_top_steps=fb_steps if method in ("fedavg", "fb") else 0,
-        finetune_top_lr=fb_lr, **common)
+        finetune_top_lr=fb_lr, v_init=v_init, **common)
 
 
 def _lindt(cfg):
