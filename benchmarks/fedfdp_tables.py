@@ -98,6 +98,10 @@ def _variant(r) -> str:
     method's name (empty for the paper's CNN, lambda 0.1, C 0.1 and FedFDP as
     published)."""
     out = " [MLP]" if r.get("model", "cnn") != "cnn" else ""
+    if r.get("alpha", 0.1) != 0.1:
+        out += f" [alpha {r['alpha']:g}]"
+    if r.get("clients", 10) != 10:
+        out += f" [{r['clients']} clients]"
     if r["method"] in ("fedfair", "fedfdp") and r.get("lam", 0.1) != 0.1:
         out += f" [lam {r['lam']:g}]"
     if r["method"] in PRIVATE and r.get("clip", 0.1) != 0.1:
@@ -175,6 +179,9 @@ def main(argv=None):
                         "after --rounds)")
     p.add_argument("--eval-every", type=int, default=50)
     p.add_argument("--clients", type=int, default=10)
+    p.add_argument("--alpha", type=float, default=0.1,
+                   help="the Dirichlet partition's concentration (the paper's "
+                        "Tables 1-2: 0.1; Tables 4-5 vary it)")
     p.add_argument("--q", type=float, default=0.05)
     p.add_argument("--lr", type=float, default=1.0, help="private methods' lr")
     p.add_argument("--lr-nonprivate", type=float, default=1.0)
@@ -202,13 +209,18 @@ def main(argv=None):
     args = parse_or_report(p, argv, report)
     if args is None:
         return []
+    if not args.alpha > 0:
+        p.error(f"--alpha: must be > 0, got {args.alpha}")
+    if args.clients < 2:
+        p.error(f"--clients: must be at least 2, got {args.clients}")
     eps, rounds = plan_rounds(args)
     print(f"epsilon {eps:.3f} at delta {DELTA}; rounds: {rounds}")
     model = MODELS[args.model]()
     part_seed = args.seed if args.partition_seed is None else args.partition_seed
     records = []
     for ds in args.datasets:
-        fed = _presets.fedfdp_data(ds, part_seed, args.clients, args.max_examples)
+        fed = _presets.fedfdp_data(ds, part_seed, args.clients, args.max_examples,
+                                   args.alpha)
         print(f"{ds}: {fed.num_clients} clients, train sizes "
               f"{np.asarray(fed.train.counts).tolist()}")
         for m in args.methods:
@@ -224,7 +236,9 @@ def main(argv=None):
                    else None)
             ckdir = args.checkpoint_dir and os.path.join(
                 args.checkpoint_dir, f"{ds}_{m}_s{args.seed}" + (
-                    "" if part_seed == args.seed else f"_p{part_seed}"))
+                    "" if part_seed == args.seed else f"_p{part_seed}") + (
+                    "" if args.alpha == 0.1 else f"_a{args.alpha:g}") + (
+                    "" if args.clients == 10 else f"_n{args.clients}"))
             res = simulate(alg, fed, num_rounds=rounds[m],
                            eval_every=min(args.eval_every, rounds[m]),
                            key=jax.random.key(args.seed), splits=("test",),
@@ -234,7 +248,8 @@ def main(argv=None):
                            resume=args.resume)
             last = res.history[-1]
             rec = {**_meta(), "dataset": ds, "method": m, "seed": args.seed,
-                   "partition_seed": part_seed,
+                   "partition_seed": part_seed, "alpha": args.alpha,
+                   "clients": fed.num_clients,
                    "wall_s": time.perf_counter() - t0, "target_epsilon": eps,
                    "epsilon": last.get("privacy/epsilon"), "q": args.q,
                    "clip": args.clip, "sigma": args.sigma, "lam": args.lam,

@@ -366,16 +366,17 @@ FEDFDP_DELTA = 1e-5
 
 
 def fedfdp_data(dataset: str, seed: int = 1, num_clients: int = 10,
-                max_examples: int | None = None):
-    """FedFDP's partition: train+test pooled, pixels in [-1, 1], Dirichlet(0.1)
-    over ``num_clients``, 75/25 per client (Ling et al., FedFDP, arXiv 2402.16028)."""
+                max_examples: int | None = None, alpha: float = 0.1):
+    """FedFDP's partition: train+test pooled, pixels in [-1, 1], Dirichlet(alpha,
+    0.1 in the paper's main tables) over ``num_clients``, 75/25 per client (Ling
+    et al., FedFDP, arXiv 2402.16028)."""
     loader = {"mnist": data.load_mnist, "fmnist": data.load_fashion_mnist}[dataset]
     x_tr, y_tr, x_te, y_te = loader(as_float=True)
     x = np.concatenate([x_tr, x_te])[..., None] * 2.0 - 1.0  # Normalize(0.5, 0.5)
     y = np.concatenate([y_tr, y_te])
     if max_examples:
         x, y = x[:max_examples], y[:max_examples]
-    return data.dirichlet(x.astype(np.float32), y, num_clients, 0.1, seed=seed)
+    return data.dirichlet(x.astype(np.float32), y, num_clients, alpha, seed=seed)
 
 
 # The Tables' methods. The baselines' own hyperparameters are OUR choices (the

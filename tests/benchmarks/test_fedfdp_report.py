@@ -20,7 +20,9 @@ def test_report_summarises_seeds_and_names_variants(tmp_path):
     recs = [_rec(1, 0.80, 0.05, partition_seed=1), _rec(2, 0.84, 0.07, partition_seed=1),
             _rec(1, 0.90, 0.01, model="mlp", loss_clip_floor=1.0),
             _rec(1, 0.91, 0.01, model="mlp", loss_clip_floor=1.0, lam=10.0),
-            _rec(1, 0.92, 0.01, model="mlp", loss_clip_floor=1.0, lam=10.0, clip=1.0)]
+            _rec(1, 0.92, 0.01, model="mlp", loss_clip_floor=1.0, lam=10.0, clip=1.0),
+            _rec(1, 0.70, 0.2, model="mlp", alpha=0.05, clients=10),
+            _rec(1, 0.60, 0.3, alpha=0.1, clients=20)]
     path.write_text("".join(json.dumps(r) + "\n" for r in recs))
     lines = ft.report(str(path)).splitlines()
     assert sum(x.startswith("| mnist | fedfdp | 688 | expected | 3.517 |")
@@ -35,6 +37,9 @@ def test_report_summarises_seeds_and_names_variants(tmp_path):
     assert "| mnist | fedfdp | 688 | expected | 1/1, 2/1 | 82.00 +- 2.83 | " \
            "0.06 +- 0.014 | 95.13 |" in lines
     assert not any("[MLP]" in x and "+-" in x for x in lines)
+    # Tables 4-5's partitions: another alpha, another client count
+    assert any(x.startswith("| mnist | fedfdp [MLP] [alpha 0.05] | 688 |") for x in lines)
+    assert any(x.startswith("| mnist | fedfdp [20 clients] | 688 |") for x in lines)
 
 
 def test_report_has_no_seed_table_for_single_runs(tmp_path):
