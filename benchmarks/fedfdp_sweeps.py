@@ -36,9 +36,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from throughput import _meta, parse_or_report, write_jsonl  # noqa: E402
 
 DELTA = _presets.FEDFDP_DELTA
-MODELS = {
-    "mlp": lambda: models.mlp((28, 28, 1), 10, hidden=(200,)),
-    "cnn": lambda: models.fedavg_cnn((28, 28, 1), 10),
+MODELS = {  # by the data's image shape (28x28x1, or 32x32x3 for CIFAR-10)
+    "mlp": lambda shape=(28, 28, 1): models.mlp(shape, 10, hidden=(200,)),
+    "cnn": lambda shape=(28, 28, 1): models.fedavg_cnn(shape, 10),
 }
 SWEEPS = ("lam", "clip", "loss_clip_floor")
 

@@ -369,10 +369,16 @@ def fedfdp_data(dataset: str, seed: int = 1, num_clients: int = 10,
                 max_examples: int | None = None, alpha: float = 0.1):
     """FedFDP's partition: train+test pooled, pixels in [-1, 1], Dirichlet(alpha,
     0.1 in the paper's main tables) over ``num_clients``, 75/25 per client (Ling
-    et al., FedFDP, arXiv 2402.16028)."""
-    loader = {"mnist": data.load_mnist, "fmnist": data.load_fashion_mnist}[dataset]
-    x_tr, y_tr, x_te, y_te = loader(as_float=True)
-    x = np.concatenate([x_tr, x_te])[..., None] * 2.0 - 1.0  # Normalize(0.5, 0.5)
+    et al., FedFDP, arXiv 2402.16028). ``cifar10`` reads the local copy (see
+    ``data.load_cifar10``) as ``[n, 32, 32, 3]``."""
+    if dataset == "cifar10":
+        x_tr, y_tr, x_te, y_te = data.load_cifar10()
+        x = np.concatenate([x_tr, x_te]).astype(np.float32) / 255.0
+    else:
+        loader = {"mnist": data.load_mnist, "fmnist": data.load_fashion_mnist}[dataset]
+        x_tr, y_tr, x_te, y_te = loader(as_float=True)
+        x = np.concatenate([x_tr, x_te])[..., None]
+    x = x * 2.0 - 1.0  # Normalize(0.5, 0.5) per channel
     y = np.concatenate([y_tr, y_te])
     if max_examples:
         x, y = x[:max_examples], y[:max_examples]

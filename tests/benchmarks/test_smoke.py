@@ -323,7 +323,7 @@ def test_fedfdp_tables_smoke(tmp_path):
     # the same epsilon budget: DP-FedAvg (no loss releases) gets more rounds
     assert by["fedfdp"]["round"] == 2 and by["dp_fedavg"]["round"] >= 2
     assert by["dp_fedavg"]["epsilon"] <= by["fedfdp"]["target_epsilon"] + 1e-9
-    assert "| mnist | fedfdp | 2 |" in _load("fedfdp_tables").report(str(out))
+    assert "| mnist | fedfdp [3 clients] | 2 |" in _load("fedfdp_tables").report(str(out))
 
 
 def test_conv_loop_smoke(tmp_path):

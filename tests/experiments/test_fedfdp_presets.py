@@ -83,3 +83,27 @@ def test_fedfdp_only_keys_are_refused_for_other_methods():
         assert experiments.resolve(preset, {key: value})[key] == value  # fedfdp
         with pytest.raises(ValueError, match=key):
             experiments.resolve(preset, {"method": "dp_fedavg", key: value})
+
+
+def test_cifar10_partition_pixels_and_alpha(monkeypatch):
+    """FedFDP's CIFAR-10 rows: train+test pooled, [n, 32, 32, 3] in [-1, 1]
+    (Normalize(0.5, 0.5) per channel), Dirichlet(alpha) over the clients."""
+    rng = np.random.default_rng(0)
+    imgs = rng.integers(0, 256, (400, 32, 32, 3), dtype=np.uint8)
+    imgs[0] = 0
+    imgs[1] = 255
+    labels = np.repeat(np.arange(10), 40).astype(np.int32)
+    monkeypatch.setattr(fdata, "load_cifar10", lambda: (imgs[:300], labels[:300],
+                                                        imgs[300:], labels[300:]))
+    fed = _presets.fedfdp_data("cifar10", 1, num_clients=4, alpha=1.0)
+    x = np.concatenate([np.asarray(fed.train.x), np.asarray(fed.test.x)])
+    assert x.shape[1:] == (32, 32, 3) and x.dtype == np.float32
+    assert x.min() == -1.0 and x.max() == 1.0  # the all-0 and all-255 images
+    assert fed.num_clients == 4
+    assert fed.train.num_examples + fed.test.num_examples == 400
+    # a milder concentration spreads each client over more classes
+    harsh = _presets.fedfdp_data("cifar10", 1, num_clients=4, alpha=0.05)
+
+    def classes(f):
+        return np.mean([len(np.unique(f.train.client(c)[1])) for c in range(4)])
+    assert classes(fed) > classes(harsh)
