@@ -367,9 +367,12 @@ def report(path) -> str:
         if len(groups) > 1:
             model = (f"LSTM 2x{first['lstm_hidden']}" if "lstm_hidden" in first
                      else f"MLP {first['hidden']}")
+            fb = {k: first.get(k, LEGACY.get(k)) for k in ("fb_steps", "fb_lr", "v_init")}
             out.append(f"**{data}, {env}** ({first['scheme']}, attackers "
                        f"{first['attack_ratio']:g}, {model}, {first['rounds']} rounds, "
-                       f"noise std {first['noise_std']:.3g})")
+                       f"lr {first['lr']:g} x {first['lr_decay']:g} a round, noise "
+                       f"std {first['noise_std']:.3g}, FB {fb['fb_steps']} steps at "
+                       f"lr {fb['fb_lr']:g}, local models {fb['v_init']})")
         lines = [("| method | central | local | beta (benign) | beta (all) | in NFL | "
                   "detected at | paper central | paper local | paper beta |"),
                  "|---|" * 1 + "---|" * 9]

@@ -41,7 +41,9 @@ def test_report_groups_settings_and_seeds(tmp_path):
     assert "| 1/2 | 101 | 55.63 | 56.19 | -17.83 |" in cifar[2]
     assert cifar[3].startswith("| LINDT | 40.00 | 49.00 | +4.00 |")
     assert blocks[2].startswith("**shakespeare, normal** (by_role, attackers 0, "
-                                "LSTM 2x64")
+                                "LSTM 2x64, 200 rounds, lr 0.05 x 0.995 a round, "
+                                "noise std 0.0089, FB 100 steps at lr 0.01, local "
+                                "models random)")
     shake = blocks[3].splitlines()[2]
     assert shake.endswith("| 52.93 | 53.42 | +6.16 |")  # the paper's SHAKE/Normal
     # one setting alone prints no heading (the tables in docs/results/lindt.md)
