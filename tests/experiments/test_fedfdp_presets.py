@@ -3,11 +3,13 @@ declares the accounted mechanism whose event ``fedfdp_events`` plans with, the
 non-private baselines are the DP factories without clipping or noise, and the
 plan gives the DP baselines DP-FedAvg's T (DP-q-FFL: FedFDP's)."""
 
+import jax
 import numpy as np
 import pytest
 
 from fedjax_pfl import data as fdata
 from fedjax_pfl import models, privacy
+from fedjax_pfl.core import simulate
 from fedjax_pfl.experiments import _presets
 
 MODEL = models.logistic_regression((6,), 3)
@@ -107,3 +109,16 @@ def test_cifar10_partition_pixels_and_alpha(monkeypatch):
     def classes(f):
         return np.mean([len(np.unique(f.train.client(c)[1])) for c in range(4)])
     assert classes(fed) > classes(harsh)
+
+
+def test_dp_fedprox_equals_dp_fedavg_with_one_local_step(data):
+    """The tables run one local step a round, taken at the global model, where
+    FedProx's proximal gradient mu (w - w_global) is zero: DP-FedProx is then
+    DP-FedAvg exactly (docs/results/privacy.md, the DP baselines)."""
+    runs = {m: simulate(_alg(m, data), data, num_rounds=3, eval_every=3,
+                        key=jax.random.key(0), progress=False).history[-1]
+            for m in ("dp_fedavg", "dp_fedprox")}
+    k = "global/test/accuracy/mean"
+    assert runs["dp_fedavg"][k] == runs["dp_fedprox"][k]
+    assert runs["dp_fedavg"]["global/test/loss/mean"] == \
+        runs["dp_fedprox"]["global/test/loss/mean"]
