@@ -1,6 +1,7 @@
 """FedFDP's Tables 1-2 setting (Ling et al.): FedAvg, SCAFFOLD, FedProx, FedDyn,
 q-FFL and FedFair (non-private), their DP versions and FedFDP (private, the same
-epsilon), on MNIST / Fashion-MNIST.
+epsilon), on MNIST / Fashion-MNIST / CIFAR-10 (the model is built for the
+data's images: the FedAvgCNN has 878,538 parameters on 32x32x3).
 
 The paper's setup (Ling et al., FedFDP, arXiv 2402.16028): the official train and test
 sets pooled,
@@ -18,7 +19,8 @@ CPU-scale: the paper runs T ~ 683-880 rounds at epsilon 3.52; here
 every DP baseline gets the largest T with the SAME epsilon (DP-FedAvg,
 -SCAFFOLD, -FedProx and -FedDyn spend nothing on loss releases, so they run
 more rounds; DP-q-FFL releases one loss a round, as FedFDP). The non-private
-runs take ``--rounds``.
+runs take ``--rounds``. ``--alpha`` and ``--clients`` change the partition (the
+paper's Tables 4-5); ``--model mlp`` is the CPU-scale model of the sweeps.
 Reported: the global model's test accuracy over all test rows (sample-weighted
 mean over clients) and Psi (the training-size-weighted variance of the clients'
 test losses, FedFDP eq. 6). Writes JSON lines (``--out``).
