@@ -8,8 +8,9 @@ gives both the ``global`` model (its trajectory is exactly FedAvg's) and the
 each client trains its own model, 2 steps in each round it is selected, nothing
 shared); ``--runs term`` adds the fair baseline of Table 1, TERM (FedAvg whose
 server step is ``aggregators.tilted_mean(--term-t)``, t = 1 in the paper; at
-t = 0 it is Ditto's global model exactly). Metrics are over benign clients (test accuracy: sample-weighted mean, std
-across clients, worst 10 %). Writes JSON lines (``--out``).
+t = 0 it is Ditto's global model exactly). Metrics are over benign clients
+(test accuracy: sample-weighted mean, std across clients, worst 10 %). Writes
+JSON lines (``--out``).
 
 A local model never sees another client's data or uploads, so a benign client's
 local model is the same under every attack. A clean local run (``--attack
