@@ -86,6 +86,9 @@ def shakespeare_data(num_clients: int | None, attack_ratio: float, seed: int, *,
     (:func:`attacks.target_backdoor`). ``test_cap`` keeps the first windows of
     each client's test split (evaluation cost; None keeps all).
     """
+    if test_cap is not None and test_cap < 1:
+        raise ValueError(f"test_cap: must be a positive integer or None, got "
+                         f"{test_cap!r}")
     fd = data.load_shakespeare(train_fraction=0.9, x_dtype=np.uint8)
     points = np.asarray(fd.train.counts) + np.asarray(fd.test.counts)
     keep = np.flatnonzero(points >= min_points)
@@ -95,9 +98,6 @@ def shakespeare_data(num_clients: int | None, attack_ratio: float, seed: int, *,
                              f"datapoints; choose 2 to {keep.size}, got {num_clients}")
         rng = np.random.default_rng(np.random.SeedSequence([seed, 0x5A4E]))
         keep = np.sort(rng.choice(keep, num_clients, replace=False))
-    if test_cap is not None and test_cap < 1:
-        raise ValueError(f"test_cap: must be a positive integer or None, got "
-                         f"{test_cap!r}")
     n = keep.size
     check_attack("backdoor", attack_ratio, n, "attack_ratio")
     cut = slice(None, test_cap)

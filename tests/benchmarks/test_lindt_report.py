@@ -74,3 +74,17 @@ def test_shakespeare_data():
         lindt.lindt_data("shakespeare", 35, 0.0, 0, "by_role")
     with pytest.raises(ValueError, match="scheme"):
         lindt.lindt_data("shakespeare", None, 0.0, 0, "mixed")
+
+
+def test_shakespeare_test_cap_is_checked_before_loading(monkeypatch):
+    """A bad ``test_cap`` is refused before the corpus is read."""
+    from fedjax_pfl import data
+    from fedjax_pfl.experiments import _presets_lindt as lindt
+
+    def no_load(**kw):
+        raise AssertionError("the corpus was loaded")
+
+    monkeypatch.setattr(data, "load_shakespeare", no_load)
+    for bad in (0, -3):
+        with pytest.raises(ValueError, match="test_cap"):
+            lindt.shakespeare_data(None, 0.16, 0, test_cap=bad)
