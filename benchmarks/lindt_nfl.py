@@ -334,6 +334,11 @@ LEGACY = {"epochs": 1.0, "steps": 50, "batch_size": 10, "fb_steps": 100,
           "fb_lr": 0.01, "v_init": "random"}
 
 
+def _setting(rec, key):
+    """A record's setting ``key``, or the default older records ran."""
+    return rec.get(key, LEGACY.get(key))
+
+
 def environment(rec) -> str:
     """``normal`` (no attackers) or ``nfl``: the paper's two halves of Table 3."""
     return "normal" if rec["attack_ratio"] == 0 else "nfl"
@@ -356,7 +361,7 @@ def report(path) -> str:
         recs = [json.loads(line) for line in fh]
     groups: dict = {}
     for r in recs:
-        setting = tuple(json.dumps(r.get(k, LEGACY.get(k))) for k in SETTING)
+        setting = tuple(json.dumps(_setting(r, k)) for k in SETTING)
         groups.setdefault(setting, {}).setdefault(r["method"], []).append(r)
     out = []
     for methods in groups.values():
@@ -367,7 +372,7 @@ def report(path) -> str:
         if len(groups) > 1:
             model = (f"LSTM 2x{first['lstm_hidden']}" if "lstm_hidden" in first
                      else f"MLP {first['hidden']}")
-            fb = {k: first.get(k, LEGACY.get(k)) for k in ("fb_steps", "fb_lr", "v_init")}
+            fb = {k: _setting(first, k) for k in ("fb_steps", "fb_lr", "v_init")}
             out.append(f"**{data}, {env}** ({first['scheme']}, attackers "
                        f"{first['attack_ratio']:g}, {model}, {first['rounds']} rounds, "
                        f"lr {first['lr']:g} x {first['lr_decay']:g} a round, noise "
