@@ -280,11 +280,11 @@ def main(argv=None):
                            k: [r[k] for r in per_round] for k in SERIES
                            if k in per_round[0]})
             records.append(rec)
+            write_jsonl(args.out, [rec])  # each method's record as it completes
             print(f"{NAMES[name]:>26}: central {rec['central']:.2f} local "
                   f"{rec['local']:.2f} beta {rec['beta']:+.2f} (all clients "
                   f"{rec['beta_all']:+.2f}) detect@{rec['detect_round']} "
                   f"{secs:.0f}s", flush=True)
-    write_jsonl(args.out, records)
     if args.plot:
         plot(curves, args, meta, args.plot)
     return records
