@@ -153,14 +153,15 @@ def diagnose(state, fed, model) -> dict:
     ``sigma delta`` for GeoMed+ (whose ``Psi^`` is the Huber penalty
     ``sigma h_delta(||.||)``): the personal models can only move
     away from w~ where the local gradient is that large."""
-    from fedjax_pfl.core._local import client_loss
+    from fedjax_pfl.core import client_loss
 
     w, wk = state.server.params, state.clients.params
 
     @jax.jit
     def norms(w, wk, split):
         def one(params, cid):
-            g = jax.grad(lambda p: client_loss(model, p, split, cid))(params)
+            g = jax.grad(lambda p: client_loss(model, p, split, cid,
+                                               differentiable=True))(params)
             gap = jax.tree.map(lambda a, b: a - b, params, w)
             return optax.tree.norm(gap), optax.tree.norm(g)
 

@@ -54,7 +54,8 @@ def client_update(model: Model, cfg: LocalConfig, variant: str, q, lipschitz_L,
         update = jax.tree.map(jnp.subtract, w_k, w)
     else:
         f_k, grad = jax.value_and_grad(
-            lambda p: client_loss(model, p, data.train, cid))(w)
+            lambda p: client_loss(model, p, data.train, cid,
+                                  differentiable=True))(w)
         loss = f_k
         update = jax.tree.map(lambda g: -g / lipschitz_L, grad)
     return upload(f_k, update, q, lipschitz_L, attack, mal, key, cid, cohort_size,

@@ -21,23 +21,43 @@ from fedjax_pfl.data import (
 from fedjax_pfl.models import Model, Params, batch_loss
 from fedjax_pfl.validation import check_int, check_positive
 
+from ._eval import TAIL_CHUNK, _client_sums
 from ._round import check_unroll, current_engine
 
 
 def client_loss(model: Model, params: Params, split: Split, client: jax.Array,
-                *, metric: bool = False) -> jax.Array:
+                *, metric: bool = False, differentiable: bool = False,
+                row_chunk: int = 64) -> jax.Array:
     """Mean loss (or metric) of ``params`` over ALL of one client's rows of
-    ``split`` (padded to the split's largest client, masked); NaN if it has none.
-    The loss includes the model's regularizer, as in training."""
-    rows, mask = client_batch_indices(split, client, jax.random.key(0), num_steps=1,
-                                      batch_size=1, sampling="full_batch")
-    b = gather_batch(split, rows[0], mask[0])
-    if metric:
-        out = model.metric(model.apply(params, b.x), b.y)
-        val = jnp.sum(out * b.mask) / jnp.maximum(jnp.sum(b.mask), 1.0)
-    else:
-        val = batch_loss(model, params, b.x, b.y, b.mask)
-    return jnp.where(split.counts[client] > 0, val, jnp.nan)
+    ``split``; NaN if it has none. The loss includes the model's regularizer,
+    as in training.
+
+    By default only the client's own rows are run (chunks of ``row_chunk`` rows,
+    then of 8, the last one masked; dynamic trip counts): a client loop costs
+    its clients' rows and a vmapped cohort its own largest client, never the
+    split's largest. That loop is not reverse-differentiable; with
+    ``differentiable=True`` the rows run as one batch padded to the split's
+    largest client (masked), which ``jax.grad`` goes through."""
+    count = split.counts[client]
+    if differentiable:
+        rows, mask = client_batch_indices(split, client, jax.random.key(0),
+                                          num_steps=1, batch_size=1,
+                                          sampling="full_batch")
+        b = gather_batch(split, rows[0], mask[0])
+        if metric:
+            out = model.metric(model.apply(params, b.x), b.y)
+            val = jnp.sum(out * b.mask) / jnp.maximum(jnp.sum(b.mask), 1.0)
+        else:
+            val = batch_loss(model, params, b.x, b.y, b.mask)
+        return jnp.where(count > 0, val, jnp.nan)
+    b = max(1, min(split.max_count, row_chunk))
+    loss_sum, score_sum = _client_sums(model, params, split, client, b,
+                                       min(b, TAIL_CHUNK))
+    val = (score_sum if metric else loss_sum) / jnp.maximum(count, 1).astype(
+        jnp.float32)
+    if not metric and model.regularizer is not None:
+        val = val + model.regularizer(params)
+    return jnp.where(count > 0, val, jnp.nan)
 
 
 def prox_penalty(lam, anchor: Params) -> Callable[[Params], jax.Array]:

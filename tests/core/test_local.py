@@ -14,6 +14,7 @@ from fedjax_pfl import data as fdata
 from fedjax_pfl.core import (
     EngineConfig,
     KeyTag,
+    client_loss,
     client_steps,
     execution,
     local_train,
@@ -110,6 +111,42 @@ def test_each_client_runs_its_own_steps(fed):
     assert len(calls) == own.sum() < len(SIZES) * own.max()
     assert np.isnan(losses[3]) and np.all(np.isfinite(np.delete(losses, 3)))
     assert all(np.all(np.isfinite(a)) for a in jax.tree.leaves(out))
+
+
+def test_client_loss_runs_only_its_own_rows(fed):
+    """``client_loss`` over a client's own rows (dynamic trip counts) equals the
+    padded full batch (``differentiable=True``) for loss with a regularizer and
+    for the metric, is NaN for a client without rows, and in a client loop the
+    rows the model sees add up to the clients' own rows (the last chunk of 8
+    masked), not clients x the largest client."""
+    reg = MODEL._replace(regularizer=lambda p: 0.01 * optax.tree.norm(p, squared=True))
+    p0 = MODEL.init(jax.random.key(0))
+    one = (np.ones((4, 6), np.float32), np.zeros((4,), np.int64))
+    empty = fdata.from_client_arrays(
+        [one, one], val=[(np.zeros((0, 6), np.float32), np.zeros((0,), np.int64)),
+                         one]).val
+    for split, ids in ((fed.train, range(len(SIZES))), (empty, (0, 1))):
+        for c in ids:
+            for metric in (False, True):
+                got = client_loss(reg, p0, split, jnp.int32(c), metric=metric)
+                want = client_loss(reg, p0, split, jnp.int32(c), metric=metric,
+                                   differentiable=True)
+                np.testing.assert_allclose(got, want, rtol=1e-5, equal_nan=True)
+    assert np.isnan(client_loss(reg, p0, empty, jnp.int32(0)))
+    rows = []
+
+    def apply(p, x):
+        jax.debug.callback(lambda n: rows.append(int(n)), x.shape[0])
+        return MODEL.apply(p, x)
+
+    counting = MODEL._replace(apply=apply)
+    ids = jnp.arange(len(SIZES), dtype=jnp.int32)
+    jax.jit(lambda i: jax.lax.map(
+        lambda c: client_loss(counting, p0, fed.train, c), i))(ids)
+    jax.effects_barrier()
+    own = -(-np.asarray(SIZES) // 8) * 8  # 23 = one full chunk of 23 rows
+    own[0] = SIZES[0]
+    assert sum(rows) == own.sum() < len(SIZES) * max(SIZES)
 
 
 def test_any_optax_optimizer(fed):
