@@ -32,6 +32,7 @@ test losses, FedFDP eq. 6). Writes JSON lines (``--out``).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -181,6 +182,21 @@ def _across_seeds(last) -> list[str]:
     return lines
 
 
+# options that do not change a run's rounds (they may grow on --resume) or its
+# place in the output: everything else names its checkpoint folder
+_NOT_IN_TAG = ("datasets", "methods", "rounds", "target_epsilon", "eval_every",
+               "checkpoint_dir", "checkpoint_every", "resume", "out", "report")
+
+
+def run_tag(args) -> str:
+    """``<model>-<hash>``: the model and a hash of every other setting of a run
+    (partition seed, alpha, clients, lambda, clip bounds, floor, ...), so two
+    runs that differ in any of them never share a checkpoint folder."""
+    cfg = {k: v for k, v in sorted(vars(args).items()) if k not in _NOT_IN_TAG}
+    digest = hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()
+    return f"{args.model}-{digest[:8]}"
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--datasets", nargs="+", default=["mnist"],
@@ -219,7 +235,7 @@ def main(argv=None):
                         "size (the paper's eq. 12; not accounted, no epsilon; the "
                         "rows recorded before 2026-11-24 used it)")
     p.add_argument("--max-examples", type=int, default=None, help="smoke runs only")
-    add_checkpoint_args(p, "<dataset>_<method>_s<seed>")
+    add_checkpoint_args(p, "<dataset>_<method>_s<seed>_<model>-<settings hash>")
     args = parse_or_report(p, argv, report)
     if args is None:
         return []
@@ -249,10 +265,7 @@ def main(argv=None):
             mon = (privacy.Monitor(mech, DELTA) if mech is not None and mech.accounted
                    else None)
             ckdir = args.checkpoint_dir and os.path.join(
-                args.checkpoint_dir, f"{ds}_{m}_s{args.seed}" + (
-                    "" if part_seed == args.seed else f"_p{part_seed}") + (
-                    "" if args.alpha == 0.1 else f"_a{args.alpha:g}") + (
-                    "" if args.clients == 10 else f"_n{args.clients}"))
+                args.checkpoint_dir, f"{ds}_{m}_s{args.seed}_{run_tag(args)}")
             res = simulate(alg, fed, num_rounds=rounds[m],
                            eval_every=min(args.eval_every, rounds[m]),
                            key=jax.random.key(args.seed), splits=("test",),

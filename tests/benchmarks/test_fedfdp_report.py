@@ -1,6 +1,6 @@
 """benchmarks/fedfdp_tables.report: one line per record, FedFDP's variants
 named beside the method, and the settings run with several seeds summarised
-as mean +- std over the seeds."""
+as mean +- std over the seeds; each run's checkpoint folder names its settings."""
 
 import json
 
@@ -46,3 +46,19 @@ def test_report_has_no_seed_table_for_single_runs(tmp_path):
     path = tmp_path / "r.jsonl"
     path.write_text(json.dumps(_rec(1, 0.8, 0.05)) + "\n")
     assert "several seeds" not in ft.report(str(path))
+
+
+def test_checkpoint_folder_names_every_setting_but_the_rounds():
+    """Runs that differ in the model, lambda or the loss-clip floor get different
+    checkpoint folders; more rounds (a resumed, longer run) keep the folder."""
+    import argparse
+
+    base = dict(model="cnn", lam=10.0, loss_clip_floor=1.0, seed=1, alpha=0.1,
+                rounds=100, target_epsilon=3.52, eval_every=50, out=None)
+    tag = ft.run_tag(argparse.Namespace(**base))
+    assert tag.startswith("cnn-")
+    for change in (dict(model="mlp"), dict(lam=0.1), dict(loss_clip_floor=None),
+                   dict(alpha=0.05)):
+        assert ft.run_tag(argparse.Namespace(**{**base, **change})) != tag, change
+    for same in (dict(rounds=900, target_epsilon=None), dict(eval_every=100)):
+        assert ft.run_tag(argparse.Namespace(**{**base, **same})) == tag, same
