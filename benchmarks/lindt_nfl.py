@@ -92,18 +92,20 @@ DEFAULTS = {
 SETTING = ("data", "scheme", "num_clients", "cohort_size", "attack_ratio", "hidden",
            "lstm_hidden", "params", "rounds", "lr", "lr_decay", "epochs", "steps",
            "batch_size", "clip", "noise_std", "eps", "r_prime", "tail", "test_cap",
-           "fb_steps", "fb_lr", "v_init")
+           "fb_steps", "fb_lr", "v_init", "stop", "stop_streak", "attacks_until")
 # the detector's inputs, recorded every round (the operating characteristic is
 # computed from them: benchmarks/lindt_detector.py)
-SERIES = ("nfl/delta", "nfl/w_div", "nfl/noise_norm", "server/update_norm")
+SERIES = ("nfl/delta", "nfl/w_div", "nfl/noise_norm", "server/update_norm",
+          "lindt/dual_on")
 COLORS = dict(zip(METHODS, ("tab:red", "tab:orange", "tab:brown", "tab:purple",
                              "tab:pink", "tab:blue", "tab:cyan", "tab:green")))
 
 
-def load(args):
+def load(args, poison=True):
     """(FederatedData, malicious mask, input dim or sequence length)."""
     return _lindt.lindt_data(args.data, args.num_clients, args.attack_ratio,
-                             args.seed, args.scheme, test_cap=args.test_cap)
+                             args.seed, args.scheme, test_cap=args.test_cap,
+                             poison=poison)
 
 
 def dual_model(args, dim):
@@ -120,13 +122,21 @@ def build(method, dual, args, mal, noise_std):
         noise_std=noise_std, trim=args.trim, eps=args.eps, r_prime=args.r_prime,
         fb_steps=args.fb_steps, fb_lr=args.fb_lr,
         local_epochs=args.epochs or None, batch_size=args.batch_size,
-        v_init=args.v_init)
+        v_init=args.v_init, stop=args.stop, stop_streak=args.stop_streak)
 
 
-def run_method(method, dual, fd, mal, private_acc, args, noise_std, key):
+def run_method(method, dual, fd, mal, private_acc, args, noise_std, key,
+               clean_fd=None):
+    """One method's run. With ``--attacks-until R`` (``clean_fd``: the same
+    clients without the backdoor) the attackers turn honest after round ``R``:
+    from round ``R + 1`` every client trains on clean data with the benign
+    step count (App. C.7's experiment)."""
     alg = build(method, dual, args, mal, noise_std)
     benign = jnp.asarray(~mal, jnp.float32)
     step = jax.jit(alg.round_step, donate_argnums=0)
+    if clean_fd is not None:
+        honest = jax.jit(build(method, dual, args, np.zeros_like(mal), noise_std)
+                         .round_step, donate_argnums=0)
 
     def ev(s, d):
         views = alg.eval_models(s, d, jax.random.fold_in(key, 7))
@@ -142,7 +152,10 @@ def run_method(method, dual, fd, mal, private_acc, args, noise_std, key):
     round_s = []  # each round's step (the float()s below wait for it)
     for r in range(1, args.rounds + 1):
         t1 = time.perf_counter()
-        state, m = step(state, fd, key)
+        if clean_fd is not None and r > args.attacks_until:
+            state, m = honest(state, clean_fd, key)
+        else:
+            state, m = step(state, fd, key)
         per_round.append({k: float(v) for k, v in m.items()
                           if k.startswith(("nfl/", "lindt/", "server/"))})
         round_s.append(time.perf_counter() - t1)
@@ -207,6 +220,14 @@ def main(argv=None):
     p.add_argument("--v-init", choices=("random", "copy_global"), default="random",
                    help="LINDT's local models: a fresh init (default) or a copy of "
                         "the global model at the client's first dual round")
+    p.add_argument("--stop", choices=("never", "all_trained_once", "delta_below"),
+                   default="never", help="LINDT's stopping strategy: never (the "
+                   "paper's tables), all_trained_once (Sec. 5.3 strategy 1), "
+                   "delta_below (App. C.7: --stop-streak rounds with Delta < eps)")
+    p.add_argument("--stop-streak", type=int, default=10)
+    p.add_argument("--attacks-until", type=int, default=None,
+                   help="the attackers turn honest after this round (clean data, "
+                        "benign steps; App. C.7); default: never")
     p.add_argument("--fb-steps", type=int, default=100)
     p.add_argument("--fb-lr", type=float, default=0.01)
     p.add_argument("--private-rounds", type=int, default=20)
@@ -221,11 +242,17 @@ def main(argv=None):
     for name, value in DEFAULTS[args.data == "shakespeare"].items():
         if getattr(args, name) is None:
             setattr(args, name, value)
+    if args.stop_streak < 1:
+        p.error(f"--stop-streak: must be >= 1, got {args.stop_streak}")
+    if args.attacks_until is not None and not 0 <= args.attacks_until < args.rounds:
+        p.error(f"--attacks-until: must be a round in [0, --rounds), got "
+                f"{args.attacks_until}")
     if args.epochs < 0:
         p.error(f"--epochs: must be >= 0 (0: --steps steps), got {args.epochs}")
     key = jax.random.key(args.seed)
     t0 = time.perf_counter()
     fd, mal, dim = load(args)
+    clean_fd = None if args.attacks_until is None else load(args, poison=False)[0]
     args.num_clients = fd.num_clients
     dual = dual_model(args, dim)
     d = models.num_params(dual.model.init(jax.random.key(0)))
@@ -242,7 +269,8 @@ def main(argv=None):
                 attack_ratio=args.attack_ratio, params=d, rounds=args.rounds,
                 lr=args.lr, lr_decay=args.lr_decay, epochs=args.epochs,
                 steps=args.steps, batch_size=args.batch_size, fb_steps=args.fb_steps,
-                v_init=args.v_init,
+                v_init=args.v_init, stop=args.stop, stop_streak=args.stop_streak,
+                attacks_until=args.attacks_until,
                 fb_lr=args.fb_lr, private_rounds=args.private_rounds,
                 private_steps=args.private_steps,
                 clip=args.clip, noise_std=noise_std, eps=args.eps,
@@ -259,7 +287,7 @@ def main(argv=None):
         runs.insert(0, "fedavg")
     for method in runs:
         rows, per_round, (secs, round_s) = run_method(
-            method, dual, fd, mal, private_acc, args, noise_std, key)
+            method, dual, fd, mal, private_acc, args, noise_std, key, clean_fd)
         curves[method] = (rows, per_round)
         outs = [(method, rows)]
         if method == "fedavg" and "fb" in args.methods:
@@ -276,6 +304,8 @@ def main(argv=None):
                                                   window=args.tail)["in_nfl"],
                        detect_round=int(per_round[-1].get("nfl/detect_round", -1)),
                        delta_above_eps=int(per_round[-1].get("nfl/count", 0)),
+                       stop_round=next((i + 1 for i, q in enumerate(per_round)
+                                        if q.get("lindt/stopped", 0) > 0), -1),
                        history=rs, per_round={
                            k: [r[k] for r in per_round] for k in SERIES
                            if k in per_round[0]})
@@ -331,7 +361,8 @@ def plot(curves, args, meta, path):
 
 # settings recorded only from 2026-11-26 on; older records ran these defaults
 LEGACY = {"epochs": 1.0, "steps": 50, "batch_size": 10, "fb_steps": 100,
-          "fb_lr": 0.01, "v_init": "random"}
+          "fb_lr": 0.01, "v_init": "random", "stop": "never", "stop_streak": 10,
+          "attacks_until": None}
 
 
 def _setting(rec, key):
@@ -352,6 +383,18 @@ def _cell(rs, key, sign=False) -> str:
     """``key`` over the seeds' records: the value, or mean +- std."""
     v = np.array([r[key] for r in rs], float)
     return _number(v.mean(), sign) + (f" +- {v.std(ddof=1):.2f}" if len(v) > 1 else "")
+
+
+def _stop_text(rec) -> str:
+    """The heading's note on a stopping strategy or attackers that stop."""
+    out = ""
+    if _setting(rec, "stop") != "never":
+        out += f", stop {rec['stop']}"
+        if rec["stop"] == "delta_below":
+            out += f" ({rec['stop_streak']} rounds)"
+    if _setting(rec, "attacks_until") is not None:
+        out += f", attackers honest after round {rec['attacks_until']}"
+    return out
 
 
 def report(path) -> str:
@@ -377,7 +420,8 @@ def report(path) -> str:
                        f"{first['attack_ratio']:g}, {model}, {first['rounds']} rounds, "
                        f"lr {first['lr']:g} x {first['lr_decay']:g} a round, noise "
                        f"std {first['noise_std']:.3g}, FB {fb['fb_steps']} steps at "
-                       f"lr {fb['fb_lr']:g}, local models {fb['v_init']})")
+                       f"lr {fb['fb_lr']:g}, local models {fb['v_init']}"
+                       + _stop_text(first) + ")")
         lines = [("| method | central | local | beta (benign) | beta (all) | in NFL | "
                   "detected at | paper central | paper local | paper beta |"),
                  "|---|" * 1 + "---|" * 9]
@@ -386,6 +430,10 @@ def report(path) -> str:
             central = "-" if method == "fb" else _cell(rs, "central")
             dets = sorted({r["detect_round"] for r in rs})
             det = ", ".join(str(d) if d > 0 else "never" for d in dets)
+            stops = sorted({r.get("stop_round", -1) for r in rs})
+            if _setting(rs[0], "stop") != "never":
+                det += "; dual stopped at " + ", ".join(
+                    str(t) if t > 0 else "never" for t in stops)
             if method in ("apfl", "fedprox"):
                 det = "n/a"
             nfl = sum(bool(r["in_nfl"]) for r in rs)

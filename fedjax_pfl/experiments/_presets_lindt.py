@@ -35,17 +35,20 @@ DEPLOYED = {"fb": "fb", "apfl": "personal", "lindt": "personal", "lindt_tm": "pe
 
 
 def lindt_data(source: str, num_clients: int | None, attack_ratio: float, seed: int,
-               scheme: str = "mixed", *, test_cap: int | None = None):
+               scheme: str = "mixed", *, test_cap: int | None = None,
+               poison: bool = True):
     """``(FederatedData, malicious mask, input dim)``: CIFAR-10 downsampled to
     16x16x3 and standardized (or a 10-class Gaussian mixture, ``synthetic``),
     LINDT's allocation, and the semantic backdoor on the malicious clients;
     or ``shakespeare`` (:func:`shakespeare_data`; ``scheme`` must be
-    ``by_role``)."""
+    ``by_role``). ``poison=False``: the same clients and mask, no backdoor
+    (the federation after its attackers stop)."""
     if source == "shakespeare":
         if scheme != "by_role":
             raise ValueError(f"scheme: Shakespeare is partitioned by role only "
                              f"('by_role'), got {scheme!r}")
-        return shakespeare_data(num_clients, attack_ratio, seed, test_cap=test_cap)
+        return shakespeare_data(num_clients, attack_ratio, seed, test_cap=test_cap,
+                                poison=poison)
     if num_clients is None:
         num_clients = 100
     check_attack("backdoor", attack_ratio, num_clients, "attack_ratio")
@@ -69,13 +72,14 @@ def lindt_data(source: str, num_clients: int | None, attack_ratio: float, seed: 
     fd = data.lindt_cifar(x_tr, y_tr, x_te, y_te, scheme, num_clients=num_clients,
                           seed=seed)
     mal = attacks.malicious_clients(num_clients, attack_ratio, seed)
-    if attack_ratio > 0:
+    if attack_ratio > 0 and poison:
         fd = attacks.semantic_backdoor(fd, mal, seed=seed)
     return fd, mal, x_tr.shape[1]
 
 
 def shakespeare_data(num_clients: int | None, attack_ratio: float, seed: int, *,
-                     min_points: int = SHAKE_MIN_POINTS, test_cap: int | None = None):
+                     min_points: int = SHAKE_MIN_POINTS, test_cap: int | None = None,
+                     poison: bool = True):
     """``(FederatedData, malicious mask, sequence length)``: LINDT's SHAKE task.
 
     One client per speaking role (``data.load_shakespeare``: LEAF's json if the
@@ -84,7 +88,8 @@ def shakespeare_data(num_clients: int | None, attack_ratio: float, seed: int, *,
     windows dropped, ``num_clients`` of the rest drawn at random (all if
     None), and the attackers' training labels all set to ``'\\n'``
     (:func:`attacks.target_backdoor`). ``test_cap`` keeps the first windows of
-    each client's test split (evaluation cost; None keeps all).
+    each client's test split (evaluation cost; None keeps all). ``poison=False``
+    leaves the attackers' labels clean.
     """
     if test_cap is not None and test_cap < 1:
         raise ValueError(f"test_cap: must be a positive integer or None, got "
@@ -106,7 +111,7 @@ def shakespeare_data(num_clients: int | None, attack_ratio: float, seed: int, *,
         [tuple(a[cut] for a in fd.test.client(int(c))) for c in keep],
         [fd.client_ids[int(c)] for c in keep])
     mal = attacks.malicious_clients(n, attack_ratio, seed)
-    if attack_ratio > 0:
+    if attack_ratio > 0 and poison:
         fd = attacks.target_backdoor(fd, mal, target=SHAKE_BACKDOOR_TARGET)
     return fd, mal, int(np.asarray(fd.train.x).shape[1])
 
@@ -123,10 +128,12 @@ def lindt_noise_std(dual, noise_std: float | None,
 def lindt_algorithm(method, dual, mal, *, lr, lr_decay, cohort_size, steps, clip,
                     noise_std, trim, eps, r_prime, fb_steps, fb_lr,
                     local_epochs: float | None = 1.0, batch_size: int = 10,
-                    v_init: str = "random"):
+                    v_init: str = "random", stop: str = "never",
+                    stop_streak: int = 10):
     """A Table 3 method in the NFL environment (eq. 4 DP on every upload).
     LINDT's variants run ``local_epochs`` (None: ``steps`` steps, as APFL and
-    FedProx always do) and start their local models by ``v_init``."""
+    FedProx always do), start their local models by ``v_init`` and end dual
+    training by the stopping strategy ``stop`` (``algorithms.lindt``)."""
     common = {"client_lr": lr, "batch_size": batch_size, "cohort_size": cohort_size}
     if method in ("apfl", "fedprox"):
         # Eq. 4's noise: std sigma on the mean = client_level_dp with z = sigma K/S.
@@ -146,7 +153,8 @@ def lindt_algorithm(method, dual, mal, *, lr, lr_decay, cohort_size, steps, clip
         clip=clip, noise_std=noise_std, malicious=mal, malicious_multiplier=5,
         eps=eps, r_prime=r_prime,
         finetune_top_steps=fb_steps if method in ("fedavg", "fb") else 0,
-        finetune_top_lr=fb_lr, v_init=v_init, **common)
+        finetune_top_lr=fb_lr, v_init=v_init, stop=stop, stop_streak=stop_streak,
+        **common)
 
 
 def _lindt(cfg):

@@ -244,6 +244,34 @@ def test_lindt_nfl_smoke(tmp_path):
     assert "| FB | - |" in table and "81.17" in table
 
 
+def test_lindt_nfl_stop_strategies_and_attackers_that_stop(tmp_path):
+    """``--stop`` ends LINDT's dual training (recorded as ``stop_round`` and in
+    the report); ``--attacks-until 0`` (attackers honest from round 1, clean
+    data) trains the same global model as a federation without attackers."""
+    ln = _load("lindt_nfl")
+    common = ["--data", "synthetic", "--num-clients", "10", "--rounds", "3",
+              "--eval-every", "3", "--tail", "1", "--hidden", "4",
+              "--private-rounds", "1", "--private-steps", "2", "--noise-std", "0"]
+    out = tmp_path / "s.jsonl"
+    never, once, below = (ln.main(common + [
+        "--cohort-size", "10", "--methods", "lindt", "--stop", stop, "--eps", "1e6",
+        "--stop-streak", "1", "--out", str(out)])[0]
+        for stop in ("never", "all_trained_once", "delta_below"))
+    # every client trains the dual model in round 1 and Delta < eps there: both
+    # rules end dual training at the end of round 1
+    assert once["stop_round"] == below["stop_round"] == 1
+    assert never["stop_round"] == -1
+    table = ln.report(str(out))
+    assert "stop delta_below (1 rounds)" in table and "dual stopped at 1" in table
+    with pytest.raises(SystemExit):
+        ln.main(common + ["--attacks-until", "3"])
+    honest, clean = (ln.main(common + ["--cohort-size", "3", "--methods", "fedavg",
+                                       *extra])[0]
+                     for extra in (["--attacks-until", "0"], ["--attack-ratio", "0"]))
+    assert honest["attacks_until"] == 0 and honest["attack_ratio"] > 0
+    assert honest["central"] == clean["central"]
+
+
 def test_baselines_synthetic_smoke(tmp_path):
     out = tmp_path / "b.jsonl"
     mod = _load("baselines_synthetic")
