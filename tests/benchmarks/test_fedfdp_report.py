@@ -53,12 +53,13 @@ def test_checkpoint_folder_names_every_setting_but_the_rounds():
     checkpoint folders; more rounds (a resumed, longer run) keep the folder."""
     import argparse
 
-    base = dict(model="cnn", lam=10.0, loss_clip_floor=1.0, seed=1, alpha=0.1,
-                rounds=100, target_epsilon=3.52, eval_every=50, out=None)
+    base = {"model": "cnn", "lam": 10.0, "loss_clip_floor": 1.0, "seed": 1,
+            "alpha": 0.1, "rounds": 100, "target_epsilon": 3.52, "eval_every": 50,
+            "out": None}
     tag = ft.run_tag(argparse.Namespace(**base))
     assert tag.startswith("cnn-")
-    for change in (dict(model="mlp"), dict(lam=0.1), dict(loss_clip_floor=None),
-                   dict(alpha=0.05)):
+    for change in ({"model": "mlp"}, {"lam": 0.1}, {"loss_clip_floor": None},
+                   {"alpha": 0.05}):
         assert ft.run_tag(argparse.Namespace(**{**base, **change})) != tag, change
-    for same in (dict(rounds=900, target_epsilon=None), dict(eval_every=100)):
+    for same in ({"rounds": 900, "target_epsilon": None}, {"eval_every": 100}):
         assert ft.run_tag(argparse.Namespace(**{**base, **same})) == tag, same
