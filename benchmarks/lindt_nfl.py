@@ -39,6 +39,7 @@ with mean +- std over the seeds run.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -123,6 +124,37 @@ def build(method, dual, args, mal, noise_std):
         fb_steps=args.fb_steps, fb_lr=args.fb_lr,
         local_epochs=args.epochs or None, batch_size=args.batch_size,
         v_init=args.v_init, stop=args.stop, stop_streak=args.stop_streak)
+
+
+# the settings that fix the private models (and so beta's baseline)
+PRIVATE_KEYS = ("data", "scheme", "num_clients", "attack_ratio", "seed", "test_cap",
+                "hidden", "lstm_hidden", "lr", "batch_size", "private_rounds",
+                "private_steps")
+
+
+def cached_private_accuracy(dual, fd, key, args):
+    """Each client's private-model test accuracy (``experiments.
+    private_accuracy``), and where it was cached: with ``--private-cache DIR``
+    it is read from ``DIR/private_<hash>.npy`` (the hash of PRIVATE_KEYS'
+    values) when a run with the same settings saved it, else computed and
+    saved there atomically; ``None`` without a cache."""
+    path = None
+    if args.private_cache:
+        cfg = {k: getattr(args, k) for k in PRIVATE_KEYS}
+        digest = hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()
+        path = os.path.join(args.private_cache, f"private_{digest[:16]}.npy")
+        if os.path.exists(path):
+            return np.load(path), path
+    acc = np.asarray(experiments.private_accuracy(
+        dual.model, fd, jax.random.fold_in(key, 99), client_lr=args.lr,
+        num_local_steps=args.private_steps, batch_size=args.batch_size,
+        num_rounds=args.private_rounds, eval_every=max(1, args.private_rounds // 10)))
+    if path:
+        os.makedirs(args.private_cache, exist_ok=True)
+        tmp = path + ".tmp.npy"
+        np.save(tmp, acc)
+        os.replace(tmp, path)
+    return acc, path
 
 
 def run_method(method, dual, fd, mal, private_acc, args, noise_std, key,
@@ -232,6 +264,10 @@ def main(argv=None):
     p.add_argument("--fb-lr", type=float, default=0.01)
     p.add_argument("--private-rounds", type=int, default=20)
     p.add_argument("--private-steps", type=int, default=50)
+    p.add_argument("--private-cache", default=None, metavar="DIR",
+                   help="save the private models' accuracies in DIR and reuse them "
+                        "in later runs with the same data, model and private "
+                        "training (they are most of a Shakespeare run's setup)")
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--plot", default=None, help="write the Delta/accuracy PNG here")
@@ -259,10 +295,7 @@ def main(argv=None):
     noise_std = _lindt.lindt_noise_std(
         dual, args.noise_std, _lindt.SHAKE_NOISE_NORM if args.data == "shakespeare"
         else _lindt.PAPER_NOISE_NORM)
-    private_acc = experiments.private_accuracy(
-        dual.model, fd, jax.random.fold_in(key, 99), client_lr=args.lr,
-        num_local_steps=args.private_steps, batch_size=args.batch_size,
-        num_rounds=args.private_rounds, eval_every=max(1, args.private_rounds // 10))
+    private_acc, cache = cached_private_accuracy(dual, fd, key, args)
     benign = ~mal
     meta = dict(_meta(), bench="lindt_nfl", data=args.data, scheme=args.scheme,
                 num_clients=args.num_clients, cohort_size=args.cohort_size,
@@ -276,6 +309,7 @@ def main(argv=None):
                 clip=args.clip, noise_std=noise_std, eps=args.eps,
                 r_prime=args.r_prime, tail=args.tail, seed=args.seed,
                 private_acc_benign=100 * float(np.nanmean(private_acc[benign])),
+                private_cache=cache,
                 setup_s=time.perf_counter() - t0,
                 **({"lstm_hidden": args.lstm_hidden, "test_cap": args.test_cap}
                    if args.data == "shakespeare" else {"hidden": args.hidden}))

@@ -272,6 +272,27 @@ def test_lindt_nfl_stop_strategies_and_attackers_that_stop(tmp_path):
     assert honest["central"] == clean["central"]
 
 
+def test_lindt_nfl_private_cache(tmp_path, monkeypatch):
+    """``--private-cache``: a second run with the same settings reads the private
+    accuracies back instead of training the private models again; other
+    settings get their own file."""
+    ln = _load("lindt_nfl")
+    cache = tmp_path / "cache"
+    args = ["--data", "synthetic", "--num-clients", "6", "--cohort-size", "3",
+            "--rounds", "1", "--eval-every", "1", "--tail", "1", "--hidden", "4",
+            "--private-rounds", "1", "--private-steps", "2", "--methods", "fedavg",
+            "--private-cache", str(cache)]
+    first = ln.main(args)[0]
+    assert first["private_cache"].startswith(str(cache))
+    monkeypatch.setattr(ln.experiments, "private_accuracy",
+                        lambda *a, **k: pytest.fail("private models retrained"))
+    again = ln.main(args)[0]
+    assert again["private_acc_benign"] == first["private_acc_benign"]
+    assert again["private_cache"] == first["private_cache"]
+    with pytest.raises(pytest.fail.Exception, match="retrained"):
+        ln.main(args + ["--private-steps", "3"])
+
+
 def test_baselines_synthetic_smoke(tmp_path):
     out = tmp_path / "b.jsonl"
     mod = _load("baselines_synthetic")
