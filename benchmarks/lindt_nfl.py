@@ -29,7 +29,11 @@ paper's 256 gives 819,920 parameters), the noise std giving the paper's LSTM
 noise norm 0.9055 by default. The "normal" environment of Table 3 is
 ``--attack-ratio 0`` (with ``--scheme iid`` for CIFAR); ``--report`` prints one
 table per setting, beside the paper's column for that data and environment,
-with mean +- std over the seeds run.
+with mean +- std over the seeds run. ``--stop`` picks LINDT's stopping strategy
+(Sec. 5.3, App. C.7) and ``--attacks-until R`` makes the attackers honest after
+round R (App. C.7's experiment). ``--private-cache DIR`` keeps the private
+accuracies for later runs with the same settings (clear DIR when the private
+training code changes).
 
     FEDJAX_PFL_DATA_DIR=/path/to/data python benchmarks/lindt_nfl.py \\
         --out docs/results/lindt.jsonl --plot docs/results/lindt_nfl.png
