@@ -32,7 +32,6 @@ test losses, FedFDP eq. 6). Writes JSON lines (``--out``).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import sys
@@ -51,6 +50,7 @@ from throughput import (  # noqa: E402
     _meta,
     add_checkpoint_args,
     parse_or_report,
+    settings_hash,
     write_jsonl,
 )
 
@@ -192,9 +192,8 @@ def run_tag(args) -> str:
     """``<model>-<hash>``: the model and a hash of every other setting of a run
     (partition seed, alpha, clients, lambda, clip bounds, floor, ...), so two
     runs that differ in any of them never share a checkpoint folder."""
-    cfg = {k: v for k, v in sorted(vars(args).items()) if k not in _NOT_IN_TAG}
-    digest = hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()
-    return f"{args.model}-{digest[:8]}"
+    cfg = {k: v for k, v in vars(args).items() if k not in _NOT_IN_TAG}
+    return f"{args.model}-{settings_hash(cfg, 8)}"
 
 
 def main(argv=None):

@@ -43,7 +43,6 @@ training code changes).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import sys
@@ -57,7 +56,7 @@ from fedjax_pfl import algorithms, experiments, metrics, models
 from fedjax_pfl.experiments import _presets_lindt as _lindt
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from throughput import _meta, parse_or_report, write_jsonl
+from throughput import _meta, parse_or_report, settings_hash, write_jsonl
 
 METHODS = ("fedavg", "fb", "tm", "apfl", "fedprox", "lindt", "lindt_tm",
            "lindt_detect")
@@ -145,8 +144,8 @@ def cached_private_accuracy(dual, fd, key, args):
     path = None
     if args.private_cache:
         cfg = {k: getattr(args, k) for k in PRIVATE_KEYS}
-        digest = hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()
-        path = os.path.join(args.private_cache, f"private_{digest[:16]}.npy")
+        path = os.path.join(args.private_cache,
+                            f"private_{settings_hash(cfg, 16)}.npy")
         if os.path.exists(path):
             return np.load(path), path
     acc = np.asarray(experiments.private_accuracy(
@@ -260,7 +259,7 @@ def main(argv=None):
                    default="never", help="LINDT's stopping strategy: never (the "
                    "paper's tables), all_trained_once (Sec. 5.3 strategy 1), "
                    "delta_below (App. C.7: --stop-streak rounds with Delta < eps)")
-    p.add_argument("--stop-streak", type=int, default=10)
+    p.add_argument("--stop-streak", type=int, default=metrics.STOP_STREAK)
     p.add_argument("--attacks-until", type=int, default=None,
                    help="the attackers turn honest after this round (clean data, "
                         "benign steps; App. C.7); default: never")
@@ -399,8 +398,8 @@ def plot(curves, args, meta, path):
 
 # settings recorded only from 2026-11-26 on; older records ran these defaults
 LEGACY = {"epochs": 1.0, "steps": 50, "batch_size": 10, "fb_steps": 100,
-          "fb_lr": 0.01, "v_init": "random", "stop": "never", "stop_streak": 10,
-          "attacks_until": None}
+          "fb_lr": 0.01, "v_init": "random", "stop": "never",
+          "stop_streak": metrics.STOP_STREAK, "attacks_until": None}
 
 
 def _setting(rec, key):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import json
 import os
 import platform
@@ -153,6 +154,13 @@ def across_seeds(values) -> str:
     """``mean +- std`` (ddof 1) of one number per seed; just the value for one."""
     v = np.asarray(values, float)
     return f"{v[0]:.3f}" if len(v) == 1 else f"{v.mean():.3f} +- {v.std(ddof=1):.3f}"
+
+
+def settings_hash(settings: dict, length: int) -> str:
+    """The first ``length`` hex digits of the sha256 of ``settings`` as sorted
+    JSON: a stable name for a run's settings (checkpoint folders, caches)."""
+    text = json.dumps(settings, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:length]
 
 
 def write_jsonl(path: str | None, records) -> None:

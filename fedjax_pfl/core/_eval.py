@@ -71,13 +71,15 @@ def _shared_sums(model: Model, params, split: Split, chunk: int):
     return jax.lax.fori_loop(0, -(-n // b), body, (zero, zero))
 
 
-def _client_sums(model: Model, params, split: Split, c, b: int, t: int):
+def _client_sums(model: Model, params, split: Split, c, b: int):
     """Sums of loss and metric over client ``c``'s own rows with ``params``:
-    ``count // b`` full chunks of ``b`` rows, then the rest in chunks of ``t``
-    rows (the last one masked). Trip counts are dynamic, so the work is the
-    client's rows plus fewer than ``t`` padded ones, never the largest client's."""
+    ``count // b`` full chunks of ``b`` rows, then the rest in chunks of
+    ``t = min(b, TAIL_CHUNK)`` rows (the last one masked). Trip counts are
+    dynamic, so the work is the client's rows plus fewer than ``t`` padded
+    ones, never the largest client's."""
     offset, count = split.offsets[c], split.counts[c]
     full = count // b
+    t = min(b, TAIL_CHUNK)
 
     def full_chunk(j, acc):
         loss, score = _per_example(model, params, *(jax.lax.dynamic_slice_in_dim(
@@ -106,12 +108,11 @@ def _personal_sums(model: Model, stacked, split: Split, b: int, k: int):
     parameters read from the stacked ones by a dynamic index (never a slice of
     the whole stack, which XLA would copy)."""
     num_clients = split.num_clients
-    t = min(b, TAIL_CHUNK)
 
     def one(c):
         params = jax.tree.map(
             lambda a: jax.lax.dynamic_index_in_dim(a, c, keepdims=False), stacked)
-        return _client_sums(model, params, split, c, b, t)
+        return _client_sums(model, params, split, c, b)
 
     ids = jnp.arange(k)
 

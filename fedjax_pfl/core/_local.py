@@ -21,7 +21,7 @@ from fedjax_pfl.data import (
 from fedjax_pfl.models import Model, Params, batch_loss
 from fedjax_pfl.validation import check_int, check_positive
 
-from ._eval import TAIL_CHUNK, _client_sums
+from ._eval import _client_sums
 from ._round import check_unroll, current_engine
 
 
@@ -51,8 +51,7 @@ def client_loss(model: Model, params: Params, split: Split, client: jax.Array,
             val = batch_loss(model, params, b.x, b.y, b.mask)
         return jnp.where(count > 0, val, jnp.nan)
     b = max(1, min(split.max_count, row_chunk))
-    loss_sum, score_sum = _client_sums(model, params, split, client, b,
-                                       min(b, TAIL_CHUNK))
+    loss_sum, score_sum = _client_sums(model, params, split, client, b)
     val = (score_sum if metric else loss_sum) / jnp.maximum(count, 1).astype(
         jnp.float32)
     if not metric and model.regularizer is not None:

@@ -129,7 +129,7 @@ def lindt_algorithm(method, dual, mal, *, lr, lr_decay, cohort_size, steps, clip
                     noise_std, trim, eps, r_prime, fb_steps, fb_lr,
                     local_epochs: float | None = 1.0, batch_size: int = 10,
                     v_init: str = "random", stop: str = "never",
-                    stop_streak: int = 10):
+                    stop_streak: int = metrics.STOP_STREAK):
     """A Table 3 method in the NFL environment (eq. 4 DP on every upload).
     LINDT's variants run ``local_epochs`` (None: ``steps`` steps, as APFL and
     FedProx always do), start their local models by ``v_init`` and end dual
