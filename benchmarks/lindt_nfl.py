@@ -93,8 +93,8 @@ DEFAULTS = {
            "batch_size": 50, "lr": 1.47, "lr_decay": 0.992},
 }
 # what makes two records the same setting (the report averages their seeds)
-SETTING = ("data", "scheme", "num_clients", "cohort_size", "attack_ratio", "hidden",
-           "lstm_hidden", "params", "rounds", "lr", "lr_decay", "epochs", "steps",
+SETTING = ("data", "model", "scheme", "num_clients", "cohort_size", "attack_ratio",
+           "hidden", "lstm_hidden", "params", "rounds", "lr", "lr_decay", "epochs", "steps",
            "batch_size", "clip", "noise_std", "eps", "r_prime", "tail", "test_cap",
            "fb_steps", "fb_lr", "v_init", "stop", "stop_streak", "attacks_until")
 # the detector's inputs, recorded every round (the operating characteristic is
@@ -109,14 +109,27 @@ def load(args, poison=True):
     """(FederatedData, malicious mask, input dim or sequence length)."""
     return _lindt.lindt_data(args.data, args.num_clients, args.attack_ratio,
                              args.seed, args.scheme, test_cap=args.test_cap,
-                             poison=poison)
+                             poison=poison,
+                             image_size=32 if args.model == "cnn" else 16)
 
 
 def dual_model(args, dim):
-    """The MLP on flattened images, or the LSTM on Shakespeare windows."""
+    """The MLP on flattened 16x16 images, the paper's CNN on 32x32 ones, or
+    the LSTM on Shakespeare windows."""
     if args.data == "shakespeare":
         return algorithms.dual_lindt_lstm(seq_len=dim, hidden=args.lstm_hidden)
+    if args.model == "cnn":
+        return algorithms.dual_lindt_cnn()
     return algorithms.dual_mlp((dim,), 10, tuple(args.hidden))
+
+
+def model_name(rec) -> str:
+    """A record's (or the arguments') model, for headings and plots."""
+    if rec.get("lstm_hidden") is not None:
+        return f"LSTM 2x{rec['lstm_hidden']}"
+    if _setting(rec, "model") == "cnn":
+        return "CNN 32x32"
+    return f"MLP {rec['hidden']}"
 
 
 def build(method, dual, args, mal, noise_std):
@@ -144,6 +157,8 @@ def cached_private_accuracy(dual, fd, key, args):
     path = None
     if args.private_cache:
         cfg = {k: getattr(args, k) for k in PRIVATE_KEYS}
+        if args.model != "mlp":  # so that the MLP's earlier caches keep their names
+            cfg["model"] = args.model
         path = os.path.join(args.private_cache,
                             f"private_{settings_hash(cfg, 16)}.npy")
         if os.path.exists(path):
@@ -225,6 +240,9 @@ def main(argv=None):
                    "(CIFAR), 6 (Shakespeare: the paper's 1 attacker + 5 benign)")
     p.add_argument("--attack-ratio", type=float, default=None,
                    help="default: 0.2 (CIFAR), 0.16 (Shakespeare)")
+    p.add_argument("--model", choices=("mlp", "cnn"), default="mlp",
+                   help="CIFAR-10: mlp on 16x16 images (--hidden), or cnn, the "
+                   "paper's 940,362-parameter CNN on 32x32 images")
     p.add_argument("--hidden", type=int, nargs="+", default=[256, 128],
                    help="MLP widths (CIFAR / synthetic)")
     p.add_argument("--lstm-hidden", type=int, default=64,
@@ -288,6 +306,9 @@ def main(argv=None):
                 f"{args.attacks_until}")
     if args.epochs < 0:
         p.error(f"--epochs: must be >= 0 (0: --steps steps), got {args.epochs}")
+    if args.model == "cnn" and args.data != "cifar10":
+        p.error(f"--model cnn: takes CIFAR-10 images (--data cifar10), got --data "
+                f"{args.data}")
     key = jax.random.key(args.seed)
     t0 = time.perf_counter()
     fd, mal, dim = load(args)
@@ -300,7 +321,8 @@ def main(argv=None):
         else _lindt.PAPER_NOISE_NORM)
     private_acc, cache = cached_private_accuracy(dual, fd, key, args)
     benign = ~mal
-    meta = dict(_meta(), bench="lindt_nfl", data=args.data, scheme=args.scheme,
+    meta = dict(_meta(), bench="lindt_nfl", data=args.data, model=args.model,
+                scheme=args.scheme,
                 num_clients=args.num_clients, cohort_size=args.cohort_size,
                 attack_ratio=args.attack_ratio, params=d, rounds=args.rounds,
                 lr=args.lr, lr_decay=args.lr_decay, epochs=args.epochs,
@@ -315,7 +337,8 @@ def main(argv=None):
                 private_cache=cache,
                 setup_s=time.perf_counter() - t0,
                 **({"lstm_hidden": args.lstm_hidden, "test_cap": args.test_cap}
-                   if args.data == "shakespeare" else {"hidden": args.hidden}))
+                   if args.data == "shakespeare" else
+                   {"hidden": None if args.model == "cnn" else args.hidden}))
     print(f"d = {d}, noise std {noise_std:.3g}, private accuracy (benign) "
           f"{meta['private_acc_benign']:.2f}")
     records, curves = [], {}
@@ -386,10 +409,8 @@ def plot(curves, args, meta, path):
            title="deployed model on each client's test split")
     for ax in (a1, a2):
         ax.legend(fontsize=7)
-    what = {"cifar10": f"CIFAR-10 16x16 MLP {args.hidden}",
-            "synthetic": f"synthetic MLP {args.hidden}",
-            "shakespeare": f"Shakespeare LSTM 2x{args.lstm_hidden}"}[args.data]
-    fig.suptitle(f"LINDT NFL setting, {what} (N={args.num_clients}, "
+    fig.suptitle(f"LINDT NFL setting, {args.data} {model_name(meta)} "
+                 f"(N={args.num_clients}, "
                  f"K={args.cohort_size}, {int(100 * args.attack_ratio)}% backdoor, "
                  f"DP S={args.clip:g})", fontsize=9)
     fig.tight_layout()
@@ -397,7 +418,7 @@ def plot(curves, args, meta, path):
 
 
 # settings recorded only from 2026-11-26 on; older records ran these defaults
-LEGACY = {"epochs": 1.0, "steps": 50, "batch_size": 10, "fb_steps": 100,
+LEGACY = {"model": "mlp", "epochs": 1.0, "steps": 50, "batch_size": 10, "fb_steps": 100,
           "fb_lr": 0.01, "v_init": "random", "stop": "never",
           "stop_streak": metrics.STOP_STREAK, "attacks_until": None}
 
@@ -450,11 +471,10 @@ def report(path) -> str:
         # the synthetic mixture stands in for CIFAR-10 (smoke runs)
         paper = PAPER.get(("cifar10" if data == "synthetic" else data, env), {})
         if len(groups) > 1:
-            model = (f"LSTM 2x{first['lstm_hidden']}" if "lstm_hidden" in first
-                     else f"MLP {first['hidden']}")
             fb = {k: _setting(first, k) for k in ("fb_steps", "fb_lr", "v_init")}
             out.append(f"**{data}, {env}** ({first['scheme']}, attackers "
-                       f"{first['attack_ratio']:g}, {model}, {first['rounds']} rounds, "
+                       f"{first['attack_ratio']:g}, {model_name(first)}, "
+                       f"{first['rounds']} rounds, "
                        f"lr {first['lr']:g} x {first['lr_decay']:g} a round, noise "
                        f"std {first['noise_std']:.3g}, FB {fb['fb_steps']} steps at "
                        f"lr {fb['fb_lr']:g}, local models {fb['v_init']}"

@@ -293,6 +293,23 @@ def test_lindt_nfl_private_cache(tmp_path, monkeypatch):
         ln.main(args + ["--private-steps", "3"])
 
 
+@pytest.mark.skipif(not os.environ.get("FEDJAX_PFL_DATA_DIR"),
+                    reason="needs FEDJAX_PFL_DATA_DIR (cifar10/)")
+def test_lindt_nfl_paper_cnn(tmp_path):
+    """``--model cnn``: the paper's CNN on 32x32 CIFAR-10, its noise std (the
+    paper's sigma 0.001 on 940,362 parameters) by default."""
+    ln = _load("lindt_nfl")
+    rec = ln.main(["--model", "cnn", "--num-clients", "10", "--cohort-size", "2",
+                   "--rounds", "1", "--eval-every", "1", "--tail", "1", "--epochs",
+                   "0", "--steps", "2", "--private-rounds", "1", "--private-steps",
+                   "2", "--methods", "lindt", "--out", str(tmp_path / "c.jsonl")])[0]
+    assert rec["model"] == "cnn" and rec["params"] == 940_362 and rec["hidden"] is None
+    assert abs(rec["noise_std"] - 0.001) < 1e-6
+    assert abs(rec["local"] - rec["beta"] - rec["private_acc_benign"]) < 1e-3
+    with pytest.raises(SystemExit):
+        ln.main(["--model", "cnn", "--data", "synthetic"])
+
+
 def test_baselines_synthetic_smoke(tmp_path):
     out = tmp_path / "b.jsonl"
     mod = _load("baselines_synthetic")

@@ -410,3 +410,15 @@ def test_plots_choose_the_figures_formats_or_none(tmp_path, monkeypatch):
                                  progress=False, plots="none")
     assert not any(f.startswith("plots/") for f in res["files"])
     assert not (tmp_path / "none" / "plots").exists()
+
+
+def test_lindt_cnn_needs_cifar_and_takes_no_hidden(tmp_path):
+    _fails_before_any_file(tmp_path, {"model": "cnn", "data": "synthetic"},
+                           "model: 'cnn' takes CIFAR-10", name="lindt-table3")
+    _fails_before_any_file(tmp_path, {"model": "cnn"},
+                           "noise_std: 0.0089 is the MLP's default",
+                           name="lindt-table3")
+    _fails_before_any_file(tmp_path, {"model": "cnn", "hidden": "64",
+                                      "noise_std": "0"},
+                           "hidden: has no effect unless model is mlp",
+                           name="lindt-table3")
