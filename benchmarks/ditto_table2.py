@@ -67,6 +67,17 @@ def make_model(name: str):
     return models.mlp((784,), 62, hidden=(200, 200))
 
 
+def class_shares(fed) -> dict:
+    """Each split's shares of digits, upper and lower case letters (labels
+    0-9, 10-35, 36-61): how representative the validation rows are."""
+    out = {}
+    for name, split in fed.splits().items():
+        y = np.asarray(split.y)
+        out[name] = [round(float(np.mean(m)), 4)
+                     for m in (y < 10, (y >= 10) & (y < 36), y >= 36)]
+    return out
+
+
 def summary(ev, view):
     """Benign test accuracy (mean, std across devices, worst 10 %), and the
     validation mean the hyperparameters are chosen on when a val split exists."""
@@ -120,7 +131,13 @@ def finetune_rows(model, state, fed, key, benign, common, args, engine, configs)
 
 SAME_RUN = ("benchmark", "attack", "ratio", "rounds", "model", "clients",
             "cohort_size", "local_steps", "finetune_steps", "finetune_epochs",
-            "input", "val_fraction", "seed")
+            "input", "val_fraction", "val_split", "seed")
+
+
+def val_split_of(rec) -> str:
+    """A record's validation rows: records written before ``val_split``
+    existed held out each writer's tail."""
+    return rec.get("val_split", "tail")
 
 
 def recorded(path, tag) -> set:
@@ -131,7 +148,8 @@ def recorded(path, tag) -> set:
     with open(path) as fh:
         recs = [json.loads(line) for line in fh if line.strip()]
     return {(r["row"], r.get("config")) for r in recs
-            if all(r.get(k) == tag.get(k) for k in SAME_RUN)}
+            if all((val_split_of(r) if k == "val_split" else r.get(k)) == tag.get(k)
+                   for k in SAME_RUN)}
 
 
 def _config(r) -> str:
@@ -160,6 +178,10 @@ def report(path: str) -> str:
     without a val split (older runs) are chosen on test and say so."""
     with open(path) as fh:
         recs = [json.loads(line) for line in fh]
+    splits = sorted({val_split_of(r) for r in recs if r.get("val_fraction")})
+    if len(splits) > 1:
+        raise ValueError(f"{path}: records with different validation rows "
+                         f"({', '.join(splits)}); report them from separate files")
     runs, rounds = {}, {}
     for r in recs:  # one record per seed: a row written twice counts once
         runs.setdefault((r["row"], r["attack"], _config(r)), {})[r["seed"]] = r
@@ -237,8 +259,13 @@ def main(argv=None):
                    help="pixels as 1 - LEAF's value (default; local SGD at lr 0.1 "
                    "does not learn from the raw ~0.96-mean inputs with the MLP) or raw")
     p.add_argument("--val-fraction", type=float, default=0.1,
-                   help="each writer's train tail held out to choose hyperparameters "
-                   "on (the Ditto code's hold-out); 0: none (then chosen on test)")
+                   help="share of each writer's train rows held out to choose "
+                   "hyperparameters on (--val-split); 0: none (then chosen on test)")
+    p.add_argument("--val-split", choices=("random", "tail"), default="random",
+                   help="which rows of each writer's train list are held out: "
+                   "random (the paper's split, drawn with --seed) or tail (the "
+                   "Ditto code's last rows; LEAF lists writers' samples in class "
+                   "blocks, so the tail is not representative)")
     p.add_argument("--seed", type=int, default=0)
     add_checkpoint_args(p, "<method>; with --resume the rows already in --out "
                         "for these settings are skipped")
@@ -252,10 +279,12 @@ def main(argv=None):
                 f"{args.checkpoint_every}")
 
     fed = data.load_femnist(max_writers=args.num_clients,
-                            flatten=args.model == "mlp", val_fraction=args.val_fraction)
+                            flatten=args.model == "mlp", val_fraction=args.val_fraction,
+                            val_split=args.val_split, val_seed=args.seed)
     if args.input == "inverted":  # ink 1, background 0 (LEAF stores 1 - ink)
         fed = dataclasses.replace(fed, **{
             k: dataclasses.replace(s, x=1.0 - s.x) for k, s in fed.splits().items()})
+    shares = class_shares(fed)  # before the attack poisons any label
     ratio = args.ratio if args.attack != "none" else 0.0
     fed, threat = attacks.setup_attack(fed, args.attack, ratio, seed=args.seed,
                                        num_classes=62)
@@ -298,7 +327,8 @@ def main(argv=None):
            "cohort_size": args.cohort_size, "local_steps": args.local_steps,
            "finetune_steps": args.finetune_steps,
            "finetune_epochs": args.finetune_epochs, "input": args.input,
-           "val_fraction": args.val_fraction, "config_args": vars(args),
+           "val_fraction": args.val_fraction, "val_split": args.val_split,
+           "class_shares": shares, "config_args": vars(args),
            "seed": args.seed, **_meta()}
     print(f"FEMNIST: {fed.num_clients} writers, {fed.train.num_examples} train / "
           f"{fed.test.num_examples} test rows; attack {args.attack} {ratio:.0%} "

@@ -118,9 +118,16 @@ def loop_round(model, data, args):
 
 
 def _git_sha() -> str:
+    """HEAD's short sha, with ``-dirty`` when the package or the benchmarks
+    differ from it (uncommitted code; records and docs do not count)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"],
-                                       stderr=subprocess.DEVNULL, text=True).strip()
+        sha = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"],
+                                      cwd=root, stderr=subprocess.DEVNULL,
+                                      text=True).strip()
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "fedjax_pfl",
+                                "benchmarks"], cwd=root, stderr=subprocess.DEVNULL)
+        return sha + ("-dirty" if dirty.returncode == 1 else "")
     except Exception:
         return "unknown"
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from fedjax_pfl.validation import check_number
+from fedjax_pfl.validation import check_choice, check_number
 
 from ._federated import FederatedData, from_client_arrays, split_clients
 from ._partition_papers import _carve_val
@@ -34,6 +34,7 @@ from ._registry import (
     resolve_data_dir,
 )
 
+VAL_SPLITS = ("random", "tail")  # load_femnist's validation rows
 # LEAF models/utils/language_utils.py ALL_LETTERS: the Shakespeare vocabulary.
 LEAF_SHAKESPEARE_VOCAB = (
     "\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}"
@@ -104,6 +105,8 @@ def load_femnist(
     max_writers: int | None = None,
     flatten: bool = False,
     val_fraction: float = 0.0,
+    val_split: str = "random",
+    val_seed: int = 0,
     subdir: str = "femnist_leaf",
     verify: bool = True,
     registry: Mapping[str, FileSpec] | None = None,
@@ -119,9 +122,15 @@ def load_femnist(
     Args:
       max_writers: keep the first ``max_writers`` writers (in manifest order).
       flatten: ``x`` as ``[n, 784]`` instead of ``[n, 28, 28, 1]``.
-      val_fraction: moves the last ``floor(val_fraction * n)`` rows of each
-        writer's LEAF train list (at least one row stays) to a ``val`` split, the
-        hold-out the Ditto code tunes on; ``0`` (default): no ``val`` split.
+      val_fraction: moves ``floor(val_fraction * n)`` rows of each writer's
+        LEAF train list (at least one row stays) to a ``val`` split to tune on;
+        ``0`` (default): no ``val`` split.
+      val_split: which rows: ``random`` (default; the Ditto paper splits each
+        device's data at random), drawn with ``val_seed``, or ``tail``, the
+        last rows of the list (the Ditto code's hold-out). LEAF lists a
+        writer's samples in blocks of digits, upper and lower case letters,
+        so the tail over-represents the last block.
+      val_seed: seeds the ``random`` split.
 
     Returns:
       train, (val) and test splits; ``x`` float32 in [0, 1] as LEAF stores it (1 is
@@ -129,6 +138,7 @@ def load_femnist(
     """
     check_number("val_fraction", val_fraction, lo=0.0, hi=1.0, hi_open=True,
                  scalar=True)
+    check_choice("val_split", val_split, VAL_SPLITS)
     root = resolve_data_dir(data_dir)
     pairs = _femnist_pairs(root, subdir, verify, registry)
     if max_writers is not None:
@@ -156,7 +166,9 @@ def load_femnist(
     ids = [w for w, _, _ in pairs]
     train, val = [arrays[(w, "train")] for w in ids], None
     if val_fraction > 0:
-        train, val = _carve_val(train, val_fraction)
+        rng = (np.random.default_rng(np.random.SeedSequence([val_seed, 0x7A1]))
+               if val_split == "random" else None)
+        train, val = _carve_val(train, val_fraction, rng)
     return from_client_arrays(train, val, [arrays[(w, "test")] for w in ids], ids)
 
 

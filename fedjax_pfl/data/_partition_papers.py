@@ -105,16 +105,22 @@ def standardize_pixels(x_train, *others, eps: float = 0.001):
     return tuple(out)
 
 
-def _carve_val(pairs, val_fraction):
-    """Moves the last ``floor(val_fraction * n)`` rows of each client (>= 1 kept)."""
+def _carve_val(pairs, val_fraction, rng: np.random.Generator | None = None):
+    """Moves ``floor(val_fraction * n)`` rows of each client (>= 1 kept) to a
+    validation split: the last rows, or with ``rng`` rows drawn at random
+    (both splits keep the rows' original order)."""
     check_number("val_fraction", val_fraction, lo=0.0, hi=1.0, hi_open=True,
                  scalar=True)
     train, val = [], []
     for x, y in pairs:
         n_val = min(int(np.floor(val_fraction * len(y))), len(y) - 1)
-        cut = len(y) - n_val
-        train.append((x[:cut], y[:cut]))
-        val.append((x[cut:], y[cut:]))
+        is_val = np.zeros(len(y), bool)
+        if rng is None:
+            is_val[len(y) - n_val:] = True
+        else:
+            is_val[rng.choice(len(y), n_val, replace=False)] = True
+        train.append((x[~is_val], y[~is_val]))
+        val.append((x[is_val], y[is_val]))
     return train, val
 
 

@@ -306,7 +306,7 @@ def test_femnist_validation_is_the_tail_of_each_train_list(tmp_path):
     _femnist_tiny(tmp_path)
     full = D.load_femnist(tmp_path, registry=_registry_of(tmp_path), flatten=True)
     fd = D.load_femnist(tmp_path, registry=_registry_of(tmp_path), flatten=True,
-                        val_fraction=0.4)
+                        val_fraction=0.4, val_split="tail")
     # floor(0.4 n) rows of each writer, from the end of its train list
     assert [int(c) for c in fd.train.counts] == [3, 2]
     assert [int(c) for c in fd.val.counts] == [2, 1]
@@ -319,6 +319,33 @@ def test_femnist_validation_is_the_tail_of_each_train_list(tmp_path):
             fd.val.x[fd.val.offsets[c]:][:n_val], rows[n_tr:])
     with pytest.raises(ValueError, match="val_fraction"):
         D.load_femnist(tmp_path, registry=_registry_of(tmp_path), val_fraction=1.0)
+
+
+def test_femnist_random_validation_rows(tmp_path):
+    """``val_split='random'`` (the default): the same row counts as the tail,
+    rows drawn by ``val_seed``; train and val partition each writer's rows,
+    both in their original order."""
+    _femnist_tiny(tmp_path)
+    reg = _registry_of(tmp_path)
+    full = D.load_femnist(tmp_path, registry=reg, flatten=True)
+    picks = set()
+    for seed in range(8):
+        fd = D.load_femnist(tmp_path, registry=reg, flatten=True, val_fraction=0.4,
+                            val_seed=seed)
+        assert [int(c) for c in fd.val.counts] == [2, 1]
+        again = D.load_femnist(tmp_path, registry=reg, flatten=True,
+                               val_fraction=0.4, val_seed=seed)
+        np.testing.assert_array_equal(fd.val.x, again.val.x)
+        for c in range(2):
+            rows = [tuple(r) for r in np.asarray(full.train.client(c)[0])]
+            tr = [rows.index(tuple(r)) for r in np.asarray(fd.train.client(c)[0])]
+            va = [rows.index(tuple(r)) for r in np.asarray(fd.val.client(c)[0])]
+            assert sorted(tr + va) == list(range(len(rows)))
+            assert tr == sorted(tr) and va == sorted(va)
+            picks.add((c, tuple(va)))
+    assert len({p for p in picks if p[0] == 0}) > 1  # the seed moves the rows
+    with pytest.raises(ValueError, match="val_split: must be one of"):
+        D.load_femnist(tmp_path, registry=reg, val_fraction=0.4, val_split="last")
 
 
 def test_femnist_without_manifest(tmp_path):

@@ -1,0 +1,42 @@
+"""benchmarks/ditto_table2.py's bookkeeping: which recorded rows a resumed run
+skips, and a report never mixing validation splits."""
+
+import json
+
+import pytest
+from helpers import load_benchmark
+
+t2 = load_benchmark("ditto_table2")
+
+
+def _rec(row, **kw):
+    r = {"benchmark": "ditto_table2", "attack": "none", "ratio": 0.0, "rounds": 500,
+         "model": "cnn", "clients": 300, "cohort_size": 10, "local_steps": 10,
+         "finetune_steps": 50, "finetune_epochs": None, "input": "inverted",
+         "val_fraction": 0.1, "seed": 0, "row": row, "config": None, "mean": 0.8,
+         "std": 0.1, "worst10": 0.5, "val_mean": 0.7}
+    r.update(kw)
+    return r
+
+
+def _write(path, recs):
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+
+
+def test_records_without_a_val_split_held_out_the_tail(tmp_path):
+    path = tmp_path / "t.jsonl"
+    _write(path, [_rec("global"), _rec("Ditto", config="lam=1", val_split="random")])
+    tag = {k: v for k, v in _rec("x").items() if k in t2.SAME_RUN}
+    assert t2.recorded(str(path), {**tag, "val_split": "tail"}) == {("global", None)}
+    assert t2.recorded(str(path), {**tag, "val_split": "random"}) == {
+        ("Ditto", "lam=1")}
+
+
+def test_report_refuses_mixed_val_splits(tmp_path):
+    path = tmp_path / "t.jsonl"
+    _write(path, [_rec("global"), _rec("global", seed=1, val_split="random")])
+    with pytest.raises(ValueError, match="different validation rows"):
+        t2.report(str(path))
+    _write(path, [_rec("global", val_split="random"),
+                  _rec("global", seed=1, val_split="random")])
+    assert "| global | 0.800 +- 0.000 (0.10)" in t2.report(str(path))
