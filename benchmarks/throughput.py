@@ -126,7 +126,8 @@ def _git_sha() -> str:
                                       cwd=root, stderr=subprocess.DEVNULL,
                                       text=True).strip()
         dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "fedjax_pfl",
-                                "benchmarks"], cwd=root, stderr=subprocess.DEVNULL)
+                                "benchmarks"], cwd=root, stderr=subprocess.DEVNULL,
+                               check=False)
         return sha + ("-dirty" if dirty.returncode == 1 else "")
     except Exception:
         return "unknown"
