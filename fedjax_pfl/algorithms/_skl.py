@@ -15,7 +15,7 @@ import optax
 
 from fedjax_pfl.aggregators import Aggregator
 from fedjax_pfl.core import Algorithm, make_local_config
-from fedjax_pfl.data import client_batch_indices, gather_batch
+from fedjax_pfl.data import client_batch_indices
 from fedjax_pfl.models import Model
 from fedjax_pfl.toolkit import check_cohort, global_solver
 from fedjax_pfl.validation import check_choice, check_nonnegative
@@ -25,11 +25,53 @@ from ._ewc import finetune_local_config, penalized_finetuning
 KL_WEIGHTS = ("code", "paper")
 
 
+KL_CHUNK = 32  # rows of a client's training set per step of the KL penalty
+
+
+def _kl_sum(logits_p, logits_q, mask):
+    lp, lq = jax.nn.log_softmax(logits_p, -1), jax.nn.log_softmax(logits_q, -1)
+    return jnp.sum(jnp.sum((jnp.exp(lp) - jnp.exp(lq)) * (lp - lq), axis=-1) * mask)
+
+
 def symmetric_kl(logits_p, logits_q, mask):
     """Masked mean over examples of ``KL(p||q) + KL(q||p)`` of the softmaxes."""
-    lp, lq = jax.nn.log_softmax(logits_p, -1), jax.nn.log_softmax(logits_q, -1)
-    per = jnp.sum((jnp.exp(lp) - jnp.exp(lq)) * (lp - lq), axis=-1)
-    return jnp.sum(per * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+    return _kl_sum(logits_p, logits_q, mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+def kl_penalty(model: Model, w_star, split, cid, chunk: int = KL_CHUNK):
+    """``p -> symmetric_kl(f_p(X), f_w*(X))`` over client ``cid``'s whole
+    ``split``, ``f_w*(X)`` computed once. The rows are taken ``chunk`` at a
+    time and chunks past the client's own rows are skipped (``lax.cond``), so
+    a client run alone (the ``map`` strategy) pays for its own rows, not the
+    largest client's; under ``vmap`` both branches run (the padded cost).
+    The trip count is static, so the penalty is reverse-differentiable."""
+    rows, mask = client_batch_indices(split, cid, jax.random.key(0), num_steps=1,
+                                      batch_size=1, sampling="full_batch")
+    rows, mask = rows[0], mask[0]
+    n_chunks = -(-rows.shape[0] // chunk)
+    pad = n_chunks * chunk - rows.shape[0]
+    rows = jnp.pad(rows, (0, pad)).reshape(n_chunks, chunk)
+    mask = jnp.pad(mask, (0, pad)).reshape(n_chunks, chunk)
+    live = jnp.any(mask > 0, axis=1)
+    xs = split.x[rows]  # [chunks, chunk, ...]
+
+    out = jax.eval_shape(lambda: model.apply(w_star, xs[0]))
+
+    def ref_of(i):
+        return jax.lax.cond(live[i], lambda: model.apply(w_star, xs[i]),
+                            lambda: jnp.zeros(out.shape, out.dtype))
+
+    ref = jax.lax.stop_gradient(jax.lax.map(ref_of, jnp.arange(n_chunks)))
+    count = jnp.maximum(jnp.sum(mask), 1.0)
+
+    def penalty(p):
+        def body(i, acc):
+            return acc + jax.lax.cond(
+                live[i], lambda: _kl_sum(model.apply(p, xs[i]), ref[i], mask[i]),
+                lambda: jnp.zeros((), out.dtype))
+        return jax.lax.fori_loop(0, n_chunks, body, jnp.zeros((), out.dtype)) / count
+
+    return penalty
 
 
 def skl(
@@ -87,12 +129,8 @@ def skl(
 
     def penalty_for(w_star, data):
         def pen(cid, k, p0):
-            rows, mask = client_batch_indices(data.train, cid, k, num_steps=1,
-                                              batch_size=1, sampling="full_batch")
-            b = gather_batch(data.train, rows[0], mask[0])
-            ref = jax.lax.stop_gradient(model.apply(w_star, b.x))
-            return lambda p: scale * lam * symmetric_kl(model.apply(p, b.x), ref,
-                                                        b.mask)
+            kl = kl_penalty(model, w_star, data.train, cid)
+            return lambda p: scale * lam * kl(p)
 
         return pen
 

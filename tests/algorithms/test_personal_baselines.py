@@ -18,7 +18,7 @@ from fedjax_pfl import aggregators, algorithms, attacks, models
 from fedjax_pfl import data as fdata
 from fedjax_pfl.algorithms._ewc import diag_fisher
 from fedjax_pfl.algorithms._perfedavg import per_fedavg_step
-from fedjax_pfl.algorithms._skl import symmetric_kl
+from fedjax_pfl.algorithms._skl import kl_penalty, symmetric_kl
 from fedjax_pfl.core import EngineConfig, execution
 from fedjax_pfl.core._local import local_train, prox_penalty
 from fedjax_pfl.data._federated import client_batch_indices, gather_batch
@@ -257,6 +257,29 @@ def test_symmetric_kl_matches_numpy_and_pulls_toward_reference(data):
     plain_1 = _views(algorithms.skl(MODEL, lam=0.0, **kw), st, data, key)
     chex.assert_trees_all_close(skl_1["personal"], plain_1["personal"],
                                 atol=1e-6)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 32, 1000])
+def test_kl_penalty_in_chunks_is_the_full_set_kl(data, chunk):
+    """The chunked penalty (chunks past a client's rows skipped) has the value
+    and the gradient of the symmetrized KL over the client's whole training
+    set in one batch, for chunks smaller than, near and larger than it."""
+    w_star = MODEL.init(jax.random.key(2))
+    leaves, tree = jax.tree.flatten(w_star)
+    keys = jax.random.split(jax.random.key(5), len(leaves))
+    p = jax.tree.unflatten(tree, [a + 0.5 * jax.random.normal(k, a.shape)
+                                  for a, k in zip(leaves, keys)])
+    for cid in (0, 3):
+        x = jnp.asarray(data.train.client(cid)[0])
+        full = lambda q, x=x: symmetric_kl(MODEL.apply(q, x), MODEL.apply(w_star, x),
+                                           jnp.ones(len(x)))
+        pen = jax.jit(lambda q, c=cid: kl_penalty(MODEL, w_star, data.train, c,
+                                                  chunk)(q))
+        assert float(full(p)) > 1e-2  # p is far enough from w* to matter
+        np.testing.assert_allclose(pen(p), full(p), rtol=1e-5)
+        chex.assert_trees_all_close(jax.grad(pen)(p), jax.grad(full)(p), rtol=1e-5,
+                                    atol=1e-7)
+        assert float(pen(w_star)) < 1e-6  # zero at w*
 
 
 # ------------------------------------------------------------------ Per-FedAvg
