@@ -94,9 +94,10 @@ DEFAULTS = {
 }
 # what makes two records the same setting (the report averages their seeds)
 SETTING = ("data", "model", "scheme", "num_clients", "cohort_size", "attack_ratio",
-           "hidden", "lstm_hidden", "params", "rounds", "lr", "lr_decay", "epochs", "steps",
-           "batch_size", "clip", "noise_std", "eps", "r_prime", "tail", "test_cap",
-           "fb_steps", "fb_lr", "v_init", "stop", "stop_streak", "attacks_until")
+           "hidden", "lstm_hidden", "params", "rounds", "lr", "lr_decay", "epochs",
+           "steps", "batch_size", "clip", "noise_std", "eps", "r_prime", "tail",
+           "test_cap", "fb_steps", "fb_lr", "v_init", "stop", "stop_streak",
+           "attacks_until")
 # the detector's inputs, recorded every round (the operating characteristic is
 # computed from them: benchmarks/lindt_detector.py)
 SERIES = ("nfl/delta", "nfl/w_div", "nfl/noise_norm", "server/update_norm",
@@ -418,8 +419,8 @@ def plot(curves, args, meta, path):
 
 
 # settings recorded only from 2026-11-26 on; older records ran these defaults
-LEGACY = {"model": "mlp", "epochs": 1.0, "steps": 50, "batch_size": 10, "fb_steps": 100,
-          "fb_lr": 0.01, "v_init": "random", "stop": "never",
+LEGACY = {"model": "mlp", "epochs": 1.0, "steps": 50, "batch_size": 10,
+          "fb_steps": 100, "fb_lr": 0.01, "v_init": "random", "stop": "never",
           "stop_streak": metrics.STOP_STREAK, "attacks_until": None}
 
 
