@@ -261,7 +261,7 @@ def main(argv=None):
     p.add_argument("--val-fraction", type=float, default=0.1,
                    help="share of each writer's train rows held out to choose "
                    "hyperparameters on (--val-split); 0: none (then chosen on test)")
-    p.add_argument("--val-split", choices=("random", "tail"), default="random",
+    p.add_argument("--val-split", choices=data.VAL_SPLITS, default="random",
                    help="which rows of each writer's train list are held out: "
                    "random (the paper's split, drawn with --seed) or tail (the "
                    "Ditto code's last rows; LEAF lists writers' samples in class "

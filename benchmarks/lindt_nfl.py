@@ -110,8 +110,7 @@ def load(args, poison=True):
     """(FederatedData, malicious mask, input dim or sequence length)."""
     return _lindt.lindt_data(args.data, args.num_clients, args.attack_ratio,
                              args.seed, args.scheme, test_cap=args.test_cap,
-                             poison=poison,
-                             image_size=32 if args.model == "cnn" else 16)
+                             poison=poison, image_size=_lindt.IMAGE_SIZE[args.model])
 
 
 def dual_model(args, dim):
@@ -119,9 +118,7 @@ def dual_model(args, dim):
     the LSTM on Shakespeare windows."""
     if args.data == "shakespeare":
         return algorithms.dual_lindt_lstm(seq_len=dim, hidden=args.lstm_hidden)
-    if args.model == "cnn":
-        return algorithms.dual_lindt_cnn()
-    return algorithms.dual_mlp((dim,), 10, tuple(args.hidden))
+    return _lindt.cifar_dual(args.model, dim, args.hidden)
 
 
 def model_name(rec) -> str:

@@ -45,6 +45,7 @@ def kl_penalty(model: Model, w_star, split, cid, chunk: int = KL_CHUNK):
     a client run alone (the ``map`` strategy) pays for its own rows, not the
     largest client's; under ``vmap`` both branches run (the padded cost).
     The trip count is static, so the penalty is reverse-differentiable."""
+    # full_batch: every row of the client (padded to the largest), no key used
     rows, mask = client_batch_indices(split, cid, jax.random.key(0), num_steps=1,
                                       batch_size=1, sampling="full_batch")
     rows, mask = rows[0], mask[0]

@@ -9,6 +9,7 @@ from ._federated import from_client_arrays as from_client_arrays
 from ._federated import gather_batch as gather_batch
 from ._federated import split_clients as split_clients
 from ._leaf import LEAF_SHAKESPEARE_VOCAB as LEAF_SHAKESPEARE_VOCAB
+from ._leaf import VAL_SPLITS as VAL_SPLITS
 from ._leaf import encode_chars as encode_chars
 from ._leaf import load_celeba as load_celeba
 from ._leaf import load_femnist as load_femnist

@@ -163,6 +163,17 @@ def lindt_algorithm(method, dual, mal, *, lr, lr_decay, cohort_size, steps, clip
         **common)
 
 
+IMAGE_SIZE = {"mlp": 16, "cnn": 32}  # CIFAR-10 side length for each model
+
+
+def cifar_dual(model: str, dim: int, hidden):
+    """The CIFAR-10 dual model: the MLP of widths ``hidden`` on ``dim`` inputs,
+    or the paper's CNN (its 32x32 images)."""
+    if model == "cnn":
+        return algorithms.dual_lindt_cnn()
+    return algorithms.dual_mlp((dim,), 10, tuple(hidden))
+
+
 MLP_NOISE_STD = 0.0089  # the paper's noise norm at sigma 0.003, on the 16x16 MLP
 
 
@@ -182,12 +193,9 @@ def _cnn_settings(cfg):
 
 
 def _lindt(cfg):
-    cnn = cfg["model"] == "cnn"
     fd, mal, dim = lindt_data(cfg["data"], cfg["clients"], cfg["attack_ratio"],
-                              cfg["seed"], image_size=32 if cnn else 16)
-    hidden = tuple(int(h) for h in cfg["hidden"].split(","))
-    dual = algorithms.dual_lindt_cnn() if cnn else algorithms.dual_mlp((dim,), 10,
-                                                                       hidden)
+                              cfg["seed"], image_size=IMAGE_SIZE[cfg["model"]])
+    dual = cifar_dual(cfg["model"], dim, (int(h) for h in cfg["hidden"].split(",")))
     noise = lindt_noise_std(dual, cfg["noise_std"] or None)
     m = cfg["method"]
     alg = lindt_algorithm(
