@@ -163,7 +163,7 @@ def test_lindt_preset_reports_gain_and_delta(tmp_path):
         "lindt-table3", {"data": "synthetic", "clients": "10", "cohort_size": "2",
                          "rounds": "4", "eval_every": "2", "private_rounds": "1",
                          "private_steps": "2", "hidden": "8", "r_prime": "1"},
-        out=tmp_path, progress=False)
+        out=tmp_path, progress=False, plots="png")  # the suite's default is none
     rows = _rows(tmp_path / "history.jsonl")
     assert [r["round"] for r in rows] == [0, 2, 4]
     for r in rows:  # the gain callback's keys reach the file
