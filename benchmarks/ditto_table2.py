@@ -18,7 +18,8 @@ substitutions are listed in docs/results/baselines.md. Writes JSON lines.
         --attack none --rounds 300 --out docs/results/baselines_table2.jsonl
 
 Long runs: ``--checkpoint-dir DIR --checkpoint-every N --resume`` checkpoints
-each method's rounds in ``DIR/<method>`` and, on a rerun, skips the rows
+each method's rounds in ``DIR/<method>`` (Ditto with ``--lam`` other than 1:
+``DIR/ditto_lam<lam>``) and, on a rerun, skips the rows
 ``--out`` already holds for the same settings (each finetuning row is written
 as soon as it is evaluated).
 """
@@ -91,6 +92,13 @@ def summary(ev, view):
 
 def splits_of(fed):
     return ("val", "test") if fed.val is not None else ("test",)
+
+
+def ditto_run(lam: float) -> str:
+    """The name of Ditto's run with ``lam``, and its checkpoint folder in
+    ``--checkpoint-dir``: ``ditto`` for the default lambda = 1 (every earlier
+    checkpoint), ``ditto_lam<lam>`` for the others."""
+    return "ditto" if lam == 1.0 else f"ditto_lam{lam:g}"
 
 
 def finetune_configs(args):
@@ -245,7 +253,10 @@ def main(argv=None):
                    help="finetune plain/EWC/SKL for this many epochs per writer "
                    "(ceil(E n_k / 32) steps; the paper's 50) instead of "
                    "--finetune-steps")
-    p.add_argument("--lam", type=float, default=1.0, help="Ditto's lambda")
+    p.add_argument("--lam", type=float, nargs="+", default=[1.0],
+                   help="Ditto's lambda; several values train one Ditto run each "
+                        "(the paper's best lambda: the report picks one on "
+                        "validation); the global model and w* come from the first")
     p.add_argument("--l2sgd-lam", type=float, default=1.0)
     p.add_argument("--ewc-lams", type=float, nargs="+", default=[10.0, 100.0])
     p.add_argument("--skl-lams", type=float, nargs="+", default=[0.1, 1.0])
@@ -274,6 +285,8 @@ def main(argv=None):
         return []
     if args.finetune_epochs is not None and args.finetune_epochs <= 0:
         p.error(f"--finetune-epochs: must be > 0, got {args.finetune_epochs}")
+    if len(set(args.lam)) != len(args.lam) or min(args.lam) < 0:
+        p.error(f"--lam: distinct values >= 0, got {args.lam}")
     if args.checkpoint_every and args.checkpoint_every > args.rounds:
         p.error(f"--checkpoint-every: at most --rounds ({args.rounds}), got "
                 f"{args.checkpoint_every}")
@@ -302,7 +315,8 @@ def main(argv=None):
     ft_engine = EngineConfig(args.strategy, unroll=1)
     engines = {"per_fedavg": ft_engine, "mapper": ft_engine}
     algs = {  # weighted=False: the Ditto code's unweighted mean (L2SGD's only one)
-        "ditto": algorithms.ditto(model, lam=args.lam, weighted=False, **common),
+        **{ditto_run(lam): algorithms.ditto(model, lam=lam, weighted=False, **common)
+           for lam in args.lam},
         "local": algorithms.local_only(model, **{k: v for k, v in no_attack.items()}),
         "l2sgd": algorithms.l2sgd(model, lam=args.l2sgd_lam, **common),
         "per_fedavg": algorithms.per_fedavg(
@@ -315,8 +329,9 @@ def main(argv=None):
     }
     apfl_cfg = (f"alpha0={args.apfl_alpha:g} adaptive" if args.apfl_adaptive else
                 f"alpha={args.apfl_alpha:g} fixed")
-    views = {"ditto": (("global", "global", None), ("Ditto", "personal",
-                                                    f"lam={args.lam:g}")),
+    views = {**{ditto_run(lam): (("global", "global", None),
+                                 ("Ditto", "personal", f"lam={lam:g}"))
+                for lam in args.lam},
              "local": (("local", "personal", None),),
              "l2sgd": (("L2SGD", "personal", f"lam={args.l2sgd_lam:g}"),),
              "per_fedavg": (("Per-FedAvg (HF)", "personal", f"beta={args.pfa_beta:g}"),),
@@ -338,21 +353,26 @@ def main(argv=None):
     def emit(rec):
         rec = {**tag, **rec}
         records.append(rec)
+        done.add((rec["row"], rec.get("config")))  # global: once for all lambdas
         write_jsonl(args.out, [rec])
         print(f"  {rec['row']:>17} ({rec.get('config')}): mean {rec['mean']:.3f} "
               f"std {rec['std']:.3f}")
 
     done = recorded(args.out, tag) if args.resume else set()
     eval_key = jax.random.key(args.seed + 1)
-    for run in args.methods:
+    lam_runs = [ditto_run(lam) for lam in args.lam]
+    runs = [r for m in args.methods for r in (lam_runs if m == "ditto" else [m])]
+    for run in runs:
         todo = [(row, view, config) for row, view, config in views[run]
                 if (row, config) not in done]
+        # the finetuning rows start from w*, which every lambda's run shares
         ft_todo = [(row, lam) for row, lam in finetune_configs(args)
-                   if run == "ditto" and (row, finetune_label(lam, args)) not in done]
+                   if run == lam_runs[0] and (row, finetune_label(lam, args)) not in done]
         if not todo and not ft_todo:
             print(f"{run}: every row already in {args.out}")
             continue
         alg, run_engine = algs[run], engines.get(run, engine)
+        method = "ditto" if run in lam_runs else run
         ckdir = args.checkpoint_dir and os.path.join(args.checkpoint_dir, run)
         t0 = time.perf_counter()
         # rounds exactly as a plain loop of round_step (the same keys); the
@@ -374,7 +394,7 @@ def main(argv=None):
                      if k in wanted}, d, splits=splits_of(d), mask=benign))(state, fed)
             wall = time.perf_counter() - t0
             for row, view, config in todo:
-                emit({"row": row, "run": run, "config": config, **summary(ev, view),
+                emit({"row": row, "run": method, "config": config, **summary(ev, view),
                       "train_loss_chunk_mean": float(res.history[-1]["train/loss"]),
                       "train_wall_s": train_wall, "wall_s": wall,
                       "resumed": resumed})

@@ -346,6 +346,35 @@ def test_ditto_table2_smoke(tmp_path):
     assert "(on test)" not in table
 
 
+def test_ditto_table2_lambda_grid(tmp_path):
+    """Several ``--lam`` values: one Ditto run each (its own checkpoint folder),
+    the global and finetuning rows once (from the first), and the report picks
+    Ditto's lambda on validation; a repeated value is refused before loading."""
+    if not os.environ.get("FEDJAX_PFL_DATA_DIR"):
+        pytest.skip("FEDJAX_PFL_DATA_DIR is not set")
+    mod = _load("ditto_table2")
+    out, ck = tmp_path / "t2.jsonl", tmp_path / "ck"
+    argv = ["--num-clients", "8", "--cohort-size", "2", "--rounds", "2",
+            "--local-steps", "1", "--finetune-steps", "1", "--methods", "ditto",
+            "--ewc-lams", "10", "--skl-lams", "1", "--checkpoint-dir", str(ck),
+            "--checkpoint-every", "1", "--out", str(out)]
+    recs = mod.main(argv + ["--lam", "0.5", "1"])
+    assert [(r["row"], r["config"]) for r in recs] == [
+        ("global", None), ("Ditto", "lam=0.5"), ("plain finetuning", "lam=0"),
+        ("EWC", "lam=10"), ("SKL", "lam=1"), ("Ditto", "lam=1")]
+    assert {r["run"] for r in recs if r["row"] in ("global", "Ditto")} == {"ditto"}
+    assert sorted(os.listdir(ck)) == ["ditto", "ditto_lam0.5"]
+    single = mod.main(argv + ["--lam", "1", "--out", str(tmp_path / "one.jsonl"),
+                              "--checkpoint-dir", str(tmp_path / "ck1")])
+    assert (single[1]["row"], single[1]["mean"]) == ("Ditto", recs[-1]["mean"])
+    assert mod.main(argv + ["--lam", "0.5", "1", "--resume"]) == []
+    best = max((r for r in recs if r["row"] == "Ditto"), key=lambda r: r["val_mean"])
+    line = next(x for x in mod.report(str(out)).splitlines() if x.startswith("| Ditto |"))
+    assert best["config"] in line, line
+    with pytest.raises(SystemExit):
+        mod.main(argv + ["--lam", "1", "1"])
+
+
 def test_ditto_table2_resume_skips_recorded_rows(tmp_path):
     """A Ditto run stopped after its first rows resumes from its final
     checkpoint and writes only the missing finetuning rows, with the numbers an
