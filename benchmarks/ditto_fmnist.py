@@ -70,11 +70,13 @@ def per_client_eval(alg, state, fed, key, splits, engine):
         return jax.jit(per_client)(state, fed)
 
 
-def by_participation(ev, fed, key, benign, cohort_size, rounds):
+def by_participation(ev, fed, key, benign, cohort_size, rounds,
+                     views=("global", "personal")):
     """Per-client test accuracy (``ev``, from :func:`per_client_eval`) of the
-    global and personal models of benign clients, grouped by how many rounds
-    each client took part in: with 10 of 500 clients a round, a client trains
-    its personal model only when selected."""
+    ``views`` (default: the global and personal models) of benign clients,
+    grouped by how many rounds each client took part in: with 10 of 500
+    clients a round, a client trains its personal model only when selected.
+    ``key``: the key the run's ``simulate`` got."""
     counts = participation_counts(fed, rounds, jax.random.split(key)[1], cohort_size,
                                   "size_weighted")
     out = []
@@ -82,7 +84,7 @@ def by_participation(ev, fed, key, benign, cohort_size, rounds):
         sel = (counts >= lo) & (counts <= hi) & (benign > 0)
         row = {"min_rounds": lo, "max_rounds": min(hi, int(counts.max())),
                "clients": int(sel.sum())}
-        for view in ("global", "personal"):  # local training has no global model
+        for view in views:  # local training has no global model
             k = f"{view}/test/accuracy/per_client"
             if k in ev:
                 acc = np.asarray(ev[k])[sel]

@@ -40,6 +40,7 @@ from fedjax_pfl import algorithms, attacks, data, metrics, models
 from fedjax_pfl.core import AlgorithmState, EngineConfig, execution, simulate
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ditto_fmnist import by_participation
 from throughput import (
     _meta,
     across_seeds,
@@ -77,6 +78,9 @@ def class_shares(fed) -> dict:
         out[name] = [round(float(np.mean(m)), 4)
                      for m in (y < 10, (y >= 10) & (y < 36), y >= 36)]
     return out
+
+
+_VIEW = {"global": "global"}  # the model view a row evaluates (others: personal)
 
 
 def summary(ev, view):
@@ -234,6 +238,18 @@ def report(path: str) -> str:
         lines.append(f"| {setting} | {row} | {cfg} | {len(rs)} | {val} | "
                      f"{across_seeds([r['mean'] for r in rs])} | {dev:.3f} | "
                      f"{worst:.3f} |")
+    part = [(r, g) for r in recs for g in r.get("by_participation", ())
+            if g.get(_VIEW.get(r["row"], "personal")) is not None]
+    if part:
+        lines += ["", "Benign writers' test accuracy by the rounds they took part "
+                  "in (unweighted mean over writers; per seed):", "",
+                  "| setting | method | hyperparameter | seed | took part in (rounds) "
+                  "| writers | test accuracy |", "|---|---|---|---|---|---|---|"]
+        for r, g in part:
+            setting = "clean" if r["attack"] == "none" else f"{r['attack']} {r['ratio']:.0%}"
+            lines.append(f"| {setting} | {r['row']} | {_config(r)} | {r['seed']} | "
+                         f"{g['min_rounds']}-{g['max_rounds']} | {g['clients']} | "
+                         f"{g[_VIEW.get(r['row'], 'personal')]:.3f} |")
     return "\n".join(lines)
 
 
@@ -391,10 +407,15 @@ def main(argv=None):
             with execution(run_engine):
                 ev = jax.jit(lambda s, d, alg=alg, wanted=wanted: metrics.evaluate(
                     {k: v for k, v in alg.eval_models(s, d, eval_key).items()
-                     if k in wanted}, d, splits=splits_of(d), mask=benign))(state, fed)
+                     if k in wanted}, d, splits=splits_of(d), mask=benign,
+                    per_client=True))(state, fed)
             wall = time.perf_counter() - t0
             for row, view, config in todo:
+                # the benign writers' test accuracy by the rounds they took part in
+                groups = by_participation(ev, fed, jax.random.key(args.seed), benign,
+                                          args.cohort_size, args.rounds, views=(view,))
                 emit({"row": row, "run": method, "config": config, **summary(ev, view),
+                      "by_participation": groups,
                       "train_loss_chunk_mean": float(res.history[-1]["train/loss"]),
                       "train_wall_s": train_wall, "wall_s": wall,
                       "resumed": resumed})

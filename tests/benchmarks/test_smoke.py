@@ -340,10 +340,19 @@ def test_ditto_table2_smoke(tmp_path):
     for r in recs:
         assert 0 <= r["mean"] <= 1 and r["std"] >= 0 and r["attack"] == "A1"
         assert 0 <= r["val_mean"] <= 1  # hyperparameters are chosen on val
+    # the trained rows group the benign writers (4 of 8) by their rounds: one
+    # round of 2 writers, so 2 took part once and 2 never (or 1 and 3 if an
+    # attacker was drawn)
+    for r, view in zip(recs[:2], ("global", "personal")):
+        groups = r["by_participation"]
+        assert sum(g["clients"] for g in groups) == 4
+        assert sum(g["clients"] for g in groups if g["min_rounds"] == 0) >= 2
+        assert all((g[view] is None) == (g["clients"] == 0) for g in groups)
     assert len(out.read_text().splitlines()) == 5
     table = mod.report(str(out))
     assert "| EWC |" in table and "0.810 (.11)" in table
     assert "(on test)" not in table
+    assert "| A1 50% | Ditto | lam=1 | 0 | 0-0 |" in table
 
 
 def test_ditto_table2_lambda_grid(tmp_path):
