@@ -241,10 +241,10 @@ def report(path: str) -> str:
     part = [(r, g) for r in recs for g in r.get("by_participation", ())
             if g.get(_VIEW.get(r["row"], "personal")) is not None]
     if part:
-        lines += ["", "Benign writers' test accuracy by the rounds they took part "
-                  "in (unweighted mean over writers; per seed):", "",
-                  "| setting | method | hyperparameter | seed | took part in (rounds) "
-                  "| writers | test accuracy |", "|---|---|---|---|---|---|---|"]
+        lines += ["", ("Benign writers' test accuracy by the rounds they took part "
+                       "in (unweighted mean over writers; per seed):"), "",
+                  ("| setting | method | hyperparameter | seed | took part in (rounds) "
+                   "| writers | test accuracy |"), "|---|---|---|---|---|---|---|"]
         for r, g in part:
             setting = "clean" if r["attack"] == "none" else f"{r['attack']} {r['ratio']:.0%}"
             lines.append(f"| {setting} | {r['row']} | {_config(r)} | {r['seed']} | "
