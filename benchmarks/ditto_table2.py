@@ -276,6 +276,9 @@ def main(argv=None):
     p.add_argument("--l2sgd-lam", type=float, default=1.0)
     p.add_argument("--ewc-lams", type=float, nargs="+", default=[10.0, 100.0])
     p.add_argument("--skl-lams", type=float, nargs="+", default=[0.1, 1.0])
+    p.add_argument("--skip-finetune", action="store_true",
+                   help="no plain finetuning / EWC / SKL rows (e.g. a Ditto lambda "
+                        "sweep, or re-evaluating a finished run's checkpoint)")
     p.add_argument("--apfl-alpha", type=float, default=0.5)
     p.add_argument("--apfl-adaptive", action="store_true",
                    help="adapt alpha per client from --apfl-alpha (the paper); "
@@ -383,7 +386,8 @@ def main(argv=None):
                 if (row, config) not in done]
         # the finetuning rows start from w*, which every lambda's run shares
         ft_todo = [(row, lam) for row, lam in finetune_configs(args)
-                   if run == lam_runs[0] and (row, finetune_label(lam, args)) not in done]
+                   if run == lam_runs[0] and not args.skip_finetune
+                   and (row, finetune_label(lam, args)) not in done]
         if not todo and not ft_todo:
             print(f"{run}: every row already in {args.out}")
             continue

@@ -377,6 +377,11 @@ def test_ditto_table2_lambda_grid(tmp_path):
                               "--checkpoint-dir", str(tmp_path / "ck1")])
     assert (single[1]["row"], single[1]["mean"]) == ("Ditto", recs[-1]["mean"])
     assert mod.main(argv + ["--lam", "0.5", "1", "--resume"]) == []
+    # a finished run's checkpoint evaluated again into another file, no finetuning
+    again = mod.main(argv + ["--lam", "0.5", "--resume", "--skip-finetune", "--out",
+                             str(tmp_path / "again.jsonl")])
+    assert [(r["row"], r["mean"]) for r in again] == [
+        (r["row"], r["mean"]) for r in recs[:2]]
     best = max((r for r in recs if r["row"] == "Ditto"), key=lambda r: r["val_mean"])
     line = next(x for x in mod.report(str(out)).splitlines() if x.startswith("| Ditto |"))
     assert best["config"] in line, line
