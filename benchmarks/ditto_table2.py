@@ -18,8 +18,9 @@ substitutions are listed in docs/results/baselines.md. Writes JSON lines.
         --attack none --rounds 300 --out docs/results/baselines_table2.jsonl
 
 Long runs: ``--checkpoint-dir DIR --checkpoint-every N --resume`` checkpoints
-each method's rounds in ``DIR/<method>`` (Ditto with ``--lam`` other than 1:
-``DIR/ditto_lam<lam>``) and, on a rerun, skips the rows
+each method's rounds in ``DIR/<method>`` (with a hyperparameter other than the
+default: ``DIR/ditto_lam<lam>``, ``DIR/apfl_alpha0=0.01_adaptive`` etc.; a
+checkpoint cannot tell configurations apart) and, on a rerun, skips the rows
 ``--out`` already holds for the same settings (each finetuning row is written
 as soon as it is evaluated).
 """
@@ -30,6 +31,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import sys
 import time
 
@@ -103,6 +105,17 @@ def ditto_run(lam: float) -> str:
     ``--checkpoint-dir``: ``ditto`` for the default lambda = 1 (every earlier
     checkpoint), ``ditto_lam<lam>`` for the others."""
     return "ditto" if lam == 1.0 else f"ditto_lam{lam:g}"
+
+
+def run_folder(run: str, config: str | None, defaults: dict) -> str:
+    """The checkpoint folder of ``run`` trained with the hyperparameter
+    labelled ``config``: the run's name for its default (``defaults``), else
+    the name and the label. A checkpoint's fingerprint cannot see
+    hyperparameters, so each configuration needs its own folder (Ditto's
+    lambdas have theirs through :func:`ditto_run`)."""
+    if run not in defaults or config == defaults[run]:
+        return run
+    return f"{run}_" + re.sub(r"[^0-9A-Za-z.=]+", "_", config)
 
 
 def finetune_configs(args):
@@ -348,6 +361,11 @@ def main(argv=None):
     }
     apfl_cfg = (f"alpha0={args.apfl_alpha:g} adaptive" if args.apfl_adaptive else
                 f"alpha={args.apfl_alpha:g} fixed")
+    # the hyperparameter labels of the defaults (their runs keep the plain
+    # folder names of the checkpoints written before folders carried labels)
+    default_cfg = {"l2sgd": f"lam={p.get_default('l2sgd_lam'):g}",
+                   "per_fedavg": f"beta={p.get_default('pfa_beta'):g}",
+                   "apfl": f"alpha={p.get_default('apfl_alpha'):g} fixed"}
     views = {**{ditto_run(lam): (("global", "global", None),
                                  ("Ditto", "personal", f"lam={lam:g}"))
                 for lam in args.lam},
@@ -393,7 +411,8 @@ def main(argv=None):
             continue
         alg, run_engine = algs[run], engines.get(run, engine)
         method = "ditto" if run in lam_runs else run
-        ckdir = args.checkpoint_dir and os.path.join(args.checkpoint_dir, run)
+        ckdir = args.checkpoint_dir and os.path.join(
+            args.checkpoint_dir, run_folder(run, views[run][-1][2], default_cfg))
         t0 = time.perf_counter()
         # rounds exactly as a plain loop of round_step (the same keys); the
         # validation evaluations at the checkpoints are the run's trajectory

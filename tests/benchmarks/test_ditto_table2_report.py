@@ -40,3 +40,16 @@ def test_report_refuses_mixed_val_splits(tmp_path):
     _write(path, [_rec("global", val_split="random"),
                   _rec("global", seed=1, val_split="random")])
     assert "| global | 0.800 +- 0.000 (0.10)" in t2.report(str(path))
+
+
+def test_each_configuration_checkpoints_in_its_own_folder():
+    """A checkpoint's fingerprint cannot see hyperparameters: a run with a
+    non-default one gets its own folder (defaults keep the plain name)."""
+    defaults = {"apfl": "alpha=0.5 fixed", "l2sgd": "lam=1"}
+    assert t2.run_folder("apfl", "alpha=0.5 fixed", defaults) == "apfl"
+    assert t2.run_folder("apfl", "alpha0=0.01 adaptive", defaults) == (
+        "apfl_alpha0=0.01_adaptive")
+    assert t2.run_folder("l2sgd", "lam=0.1", defaults) == "l2sgd_lam=0.1"
+    assert t2.run_folder("mapper", None, defaults) == "mapper"
+    assert t2.run_folder("ditto_lam0.1", "lam=0.1", defaults) == "ditto_lam0.1"
+    assert t2.ditto_run(1.0) == "ditto" and t2.ditto_run(0.1) == "ditto_lam0.1"

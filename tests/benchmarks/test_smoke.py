@@ -389,6 +389,25 @@ def test_ditto_table2_lambda_grid(tmp_path):
         mod.main(argv + ["--lam", "1", "1"])
 
 
+def test_ditto_table2_configurations_do_not_share_checkpoints(tmp_path):
+    """APFL with its default alpha, then adaptive, in one checkpoint directory:
+    the second trains from scratch in its own folder instead of resuming the
+    first's final state."""
+    if not os.environ.get("FEDJAX_PFL_DATA_DIR"):
+        pytest.skip("FEDJAX_PFL_DATA_DIR is not set")
+    mod = _load("ditto_table2")
+    ck = tmp_path / "ck"
+    argv = ["--num-clients", "8", "--cohort-size", "2", "--rounds", "1",
+            "--local-steps", "1", "--methods", "apfl", "--checkpoint-dir", str(ck),
+            "--checkpoint-every", "1", "--resume", "--out", str(tmp_path / "t.jsonl")]
+    first = mod.main(argv)
+    second = mod.main(argv + ["--apfl-alpha", "0.01", "--apfl-adaptive"])
+    assert sorted(os.listdir(ck)) == ["apfl", "apfl_alpha0=0.01_adaptive"]
+    assert [r["config"] for r in first + second] == ["alpha=0.5 fixed",
+                                                     "alpha0=0.01 adaptive"]
+    assert not second[0]["resumed"]
+
+
 def test_ditto_table2_resume_skips_recorded_rows(tmp_path):
     """A Ditto run stopped after its first rows resumes from its final
     checkpoint and writes only the missing finetuning rows, with the numbers an
