@@ -70,15 +70,20 @@ def per_client_eval(alg, state, fed, key, splits, engine):
         return jax.jit(per_client)(state, fed)
 
 
-def by_participation(ev, fed, key, benign, cohort_size, rounds,
-                     views=("global", "personal")):
+def run_participation(fed, key, cohort_size, rounds) -> np.ndarray:
+    """How many of the first ``rounds`` rounds each client took part in, for a
+    size-weighted cohort of ``cohort_size`` and the ``key`` the run's
+    ``simulate`` got."""
+    return participation_counts(fed, rounds, jax.random.split(key)[1], cohort_size,
+                                "size_weighted")
+
+
+def by_participation(ev, counts, benign, views=("global", "personal")):
     """Per-client test accuracy (``ev``, from :func:`per_client_eval`) of the
     ``views`` (default: the global and personal models) of benign clients,
-    grouped by how many rounds each client took part in: with 10 of 500
-    clients a round, a client trains its personal model only when selected.
-    ``key``: the key the run's ``simulate`` got."""
-    counts = participation_counts(fed, rounds, jax.random.split(key)[1], cohort_size,
-                                  "size_weighted")
+    grouped by how many rounds each client took part in (``counts``, from
+    :func:`run_participation`): with 10 of 500 clients a round, a client
+    trains its personal model only when selected."""
     out = []
     for lo, hi in BINS:
         sel = (counts >= lo) & (counts <= hi) & (benign > 0)
@@ -298,7 +303,8 @@ def main(argv=None):
         # the participation table needs test; the derived columns every split
         ev = per_client_eval(algs[run], res.state, fed, key, tuple(dict.fromkeys(
             ["test", *(args.splits if derive else ())])), engine)
-        groups = by_participation(ev, fed, key, threat.benign, 10, rounds)
+        groups = by_participation(ev, run_participation(fed, key, 10, rounds),
+                                  threat.benign)
         for g in (g for g in groups if g['clients']):
             print(f"  took part in {g['min_rounds']}-{g['max_rounds']} rounds: "
                   f"{g['clients']} benign clients, mean acc " + ", ".join(

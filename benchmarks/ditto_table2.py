@@ -42,7 +42,7 @@ from fedjax_pfl import algorithms, attacks, data, metrics, models
 from fedjax_pfl.core import AlgorithmState, EngineConfig, execution, simulate
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ditto_fmnist import by_participation
+from ditto_fmnist import by_participation, run_participation
 from throughput import (
     _meta,
     across_seeds,
@@ -94,6 +94,17 @@ def summary(ev, view):
     if f"{view}/val/accuracy/mean" in ev:
         out["val_mean"] = float(ev[f"{view}/val/accuracy/mean"])
     return out
+
+
+def took_part(ev, view, fed, benign, counts) -> dict:
+    """Test accuracy of the benign writers that took part in at least one
+    round (``counts > 0``): the summary without the writers whose personal
+    model never trained."""
+    mask = (np.asarray(benign) > 0) & (counts > 0)
+    s = metrics.summarize(ev[f"{view}/test/accuracy/per_client"], fed.test.counts,
+                          mask.astype(np.float32))
+    return {"writers": int(mask.sum()), **{k: float(s[k]) for k in
+                                           ("mean", "std", "worst10")}}
 
 
 def splits_of(fed):
@@ -251,6 +262,18 @@ def report(path: str) -> str:
         lines.append(f"| {setting} | {row} | {cfg} | {len(rs)} | {val} | "
                      f"{across_seeds([r['mean'] for r in rs])} | {dev:.3f} | "
                      f"{worst:.3f} |")
+    took = [r for r in recs if "took_part" in r]
+    if took:
+        lines += ["", ("Benign writers that took part in at least one round (test: "
+                       "sample-weighted mean, std across writers, worst 10 %):"), "",
+                  ("| setting | method | hyperparameter | seed | writers | test mean | "
+                   "std | worst 10 % |"), "|---|---|---|---|---|---|---|---|"]
+        for r in took:
+            t = r["took_part"]
+            setting = "clean" if r["attack"] == "none" else f"{r['attack']} {r['ratio']:.0%}"
+            lines.append(f"| {setting} | {r['row']} | {_config(r)} | {r['seed']} | "
+                         f"{t['writers']} | {t['mean']:.3f} | {t['std']:.3f} | "
+                         f"{t['worst10']:.3f} |")
     part = [(r, g) for r in recs for g in r.get("by_participation", ())
             if g.get(_VIEW.get(r["row"], "personal")) is not None]
     if part:
@@ -433,12 +456,15 @@ def main(argv=None):
                      if k in wanted}, d, splits=splits_of(d), mask=benign,
                     per_client=True))(state, fed)
             wall = time.perf_counter() - t0
+            counts = run_participation(fed, jax.random.key(args.seed),
+                                       args.cohort_size, args.rounds)
             for row, view, config in todo:
-                # the benign writers' test accuracy by the rounds they took part in
-                groups = by_participation(ev, fed, jax.random.key(args.seed), benign,
-                                          args.cohort_size, args.rounds, views=(view,))
+                # the benign writers' test accuracy by the rounds they took part
+                # in, and over those that took part at least once
                 emit({"row": row, "run": method, "config": config, **summary(ev, view),
-                      "by_participation": groups,
+                      "by_participation": by_participation(ev, counts, benign,
+                                                           views=(view,)),
+                      "took_part": took_part(ev, view, fed, benign, counts),
                       "train_loss_chunk_mean": float(res.history[-1]["train/loss"]),
                       "train_wall_s": train_wall, "wall_s": wall,
                       "resumed": resumed})

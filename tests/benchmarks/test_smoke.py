@@ -348,6 +348,11 @@ def test_ditto_table2_smoke(tmp_path):
         assert sum(g["clients"] for g in groups) == 4
         assert sum(g["clients"] for g in groups if g["min_rounds"] == 0) >= 2
         assert all((g[view] is None) == (g["clients"] == 0) for g in groups)
+        took = r["took_part"]
+        assert took["writers"] == sum(g["clients"] for g in groups
+                                      if g["min_rounds"] > 0)
+        if took["writers"] == 1:  # one writer: its own accuracy, no spread
+            assert took["std"] == 0.0
     assert len(out.read_text().splitlines()) == 5
     table = mod.report(str(out))
     assert "| EWC |" in table and "0.810 (.11)" in table
