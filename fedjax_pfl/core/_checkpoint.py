@@ -23,6 +23,7 @@ import functools
 import json
 import os
 import warnings
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import jax
@@ -45,7 +46,8 @@ class Restored(NamedTuple):
     jsonl_bytes: int | None
 
 
-def validate(checkpoint_dir, checkpoint_every, resume, eval_every) -> int | None:
+def validate(checkpoint_dir, checkpoint_every, resume, eval_every,
+             checkpoint_config=None) -> int | None:
     """Checks simulate's checkpoint arguments before any work; returns the
     interval in rounds. A ``checkpoint_dir`` that is a file, or lies under one,
     is refused here rather than when the first checkpoint is written."""
@@ -54,7 +56,19 @@ def validate(checkpoint_dir, checkpoint_every, resume, eval_every) -> int | None
             raise ValueError("checkpoint_every: needs checkpoint_dir")
         if resume:
             raise ValueError("resume: needs checkpoint_dir")
+        if checkpoint_config is not None:
+            raise ValueError("checkpoint_config: needs checkpoint_dir")
         return None
+    if checkpoint_config is not None:
+        if not isinstance(checkpoint_config, Mapping):
+            raise ValueError("checkpoint_config: must be a mapping (e.g. a dict of "
+                             "hyperparameters) or None, got "
+                             f"{type(checkpoint_config).__name__}")
+        try:
+            json.dumps(checkpoint_config, allow_nan=False, sort_keys=True)
+        except (TypeError, ValueError) as e:
+            raise ValueError("checkpoint_config: must be JSON-serializable (strings, "
+                             f"numbers, booleans, None, lists, dicts): {e}") from None
     check_dir("checkpoint_dir", checkpoint_dir)
     check_choice("resume", resume, (True, False))
     if checkpoint_every is None:
@@ -81,8 +95,10 @@ def state_spec(tree) -> list[dict[str, Any]]:
 
 
 def fingerprint(*, num_rounds, eval_every, run_key, start_round, template,
-                privacy) -> dict[str, Any]:
-    """What a resumed run must share with the run that wrote the checkpoint."""
+                privacy, config=None) -> dict[str, Any]:
+    """What a resumed run must share with the run that wrote the checkpoint
+    (``config``: the caller's description of its configuration, only when
+    given, so that checkpoints written without one still resume)."""
     fp = {
         "format": FORMAT,
         "num_rounds": int(num_rounds),
@@ -93,6 +109,8 @@ def fingerprint(*, num_rounds, eval_every, run_key, start_round, template,
         "state": state_spec(template),
         "privacy": privacy,
     }
+    if config is not None:
+        fp["config"] = dict(config)
     return json.loads(json.dumps(fp))  # the form it takes after a round trip
 
 
@@ -318,7 +336,8 @@ class Checkpointer:
                     f"different run (differs in: {', '.join(diff)}); refusing to "
                     "resume. Use the "
                     "same key, num_rounds, eval_every, starting state, algorithm state "
-                    "structure and privacy monitor, or another directory.")
+                    "structure, privacy monitor and checkpoint_config, or another "
+                    "directory.")
             for newer in steps[steps.index(step) + 1:]:
                 self.manager.delete(newer)  # unreadable: it would block re-saving
             state = _decode(template, arrays, meta["spec"])

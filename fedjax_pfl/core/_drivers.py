@@ -386,6 +386,7 @@ def simulate(
     privacy: Any = None,
     engine: EngineConfig | None = None,
     stop_when: Callable[[Sequence[Mapping[str, Any]]], bool] | None = None,
+    checkpoint_config: Mapping[str, Any] | None = None,
 ) -> SimulationResult:
     """Runs ``num_rounds`` rounds, evaluating every ``eval_every`` rounds.
 
@@ -423,6 +424,11 @@ def simulate(
       resume: continue from the newest readable checkpoint in ``checkpoint_dir``
         (or start afresh if there is none); the final state and history equal
         those of an uninterrupted run, except the wall-clock ``seconds``.
+      checkpoint_config: a JSON-serializable description of what the
+        checkpoint's fingerprint cannot see (hyperparameters, data, a method
+        name), stored with each checkpoint: ``resume`` refuses a checkpoint
+        written with another one (or with none), so a changed learning rate
+        cannot continue another configuration's run. Needs ``checkpoint_dir``.
       privacy: a :class:`fedjax_pfl.privacy.Monitor`: adds ``privacy/epsilon`` and
         ``privacy/delta`` to every row, and with a ``target_epsilon`` stops
         before a chunk of rounds whose end would exceed it (docs/privacy.md).
@@ -462,7 +468,7 @@ def simulate(
         (``data: ...``); whatever the algorithm refuses when its round is
         traced for ``data`` (e.g. a cohort larger than the number of clients);
         ``resume`` with a checkpoint of another run (different key, schedule,
-        starting state or privacy monitor); a ``checkpoint_dir`` that holds
+        starting state, privacy monitor or ``checkpoint_config``); a ``checkpoint_dir`` that holds
         checkpoints without ``resume``; a ``stop_when`` that is not callable, or
         a :class:`Plateau` whose settings are invalid or whose metrics the run
         does not record.
@@ -475,16 +481,17 @@ def simulate(
             jsonl_path=jsonl_path, state=state, callback=callback,
             scan_rounds=scan_rounds, checkpoint_dir=checkpoint_dir,
             checkpoint_every=checkpoint_every, resume=resume, privacy=privacy,
-            stop_when=stop_when)
+            stop_when=stop_when, checkpoint_config=checkpoint_config)
 
 
 def _simulate(algorithm, data, *, num_rounds, eval_every, key, eval_mask, splits,
               progress, jsonl_path, state, callback, scan_rounds, checkpoint_dir,
-              checkpoint_every, resume, privacy, stop_when) -> SimulationResult:
+              checkpoint_every, resume, privacy, stop_when,
+              checkpoint_config) -> SimulationResult:
     """:func:`simulate` under the engine in force."""
     eval_every = _validate_run(num_rounds, eval_every, key)
     checkpoint_every = _checkpoint.validate(checkpoint_dir, checkpoint_every, resume,
-                                            eval_every)
+                                            eval_every, checkpoint_config)
     _validate_privacy(privacy)
     _validate_algorithm(algorithm)
     _validate_data(data)
@@ -527,7 +534,8 @@ def _simulate(algorithm, data, *, num_rounds, eval_every, key, eval_mask, splits
                 num_rounds=num_rounds, eval_every=eval_every, run_key=run_key,
                 start_round=None if state is None else int(state.round),
                 template=template,
-                privacy=None if privacy is None else privacy.config())
+                privacy=None if privacy is None else privacy.config(),
+                config=checkpoint_config)
             ckpt = _checkpoint.Checkpointer(checkpoint_dir)
             if resume:
                 restored = ckpt.restore(template, fingerprint)

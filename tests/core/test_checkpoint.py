@@ -176,6 +176,31 @@ def test_another_runs_checkpoint_is_refused(tmp_path, alg, data):
         fp.simulate(alg, data, **kw)
 
 
+def test_checkpoint_config_tells_configurations_apart(tmp_path, alg, data, full):
+    """A hyperparameter that leaves the state's shapes alone is invisible to the
+    fingerprint; ``checkpoint_config`` makes it visible: the same config resumes
+    exactly, another config (or none, against a checkpoint that has one) is
+    refused, and a checkpoint written without a config still resumes without."""
+    ck = str(tmp_path / "ck")
+    cfg = {"method": "ditto", "lam": 0.5, "lr": 0.1}
+    with pytest.raises(Crash):
+        fp.simulate(alg, data, checkpoint_dir=ck, checkpoint_config=cfg,
+                    callback=crash_at(4), **RUN)
+    for other, what in [(dict(cfg, lam=1.0), "config"), (None, "config")]:
+        with pytest.raises(ValueError, match=f"different run.*{what}"):
+            fp.simulate(alg, data, checkpoint_dir=ck, resume=True,
+                        checkpoint_config=other, **RUN)
+    res = fp.simulate(alg, data, checkpoint_dir=ck, resume=True,
+                      checkpoint_config=dict(reversed(list(cfg.items()))), **RUN)
+    assert_same_run(res, full)
+    assert res.resumed_from is not None
+    plain = str(tmp_path / "plain")
+    with pytest.raises(Crash):
+        fp.simulate(alg, data, checkpoint_dir=plain, callback=crash_at(4), **RUN)
+    assert fp.simulate(alg, data, checkpoint_dir=plain, resume=True,
+                       **RUN).resumed_from is not None
+
+
 def test_a_checkpoint_in_another_format_is_refused(tmp_path, monkeypatch, alg, data):
     from fedjax_pfl.core import _checkpoint
 
@@ -195,6 +220,10 @@ def test_a_checkpoint_in_another_format_is_refused(tmp_path, monkeypatch, alg, d
     (dict(checkpoint_dir=None, resume=True), "resume"),
     (dict(resume="yes"), "resume"),
     (dict(privacy=object()), "privacy"),
+    ({"checkpoint_config": [("lam", 1)]}, "checkpoint_config"),
+    ({"checkpoint_config": {"lam": object()}}, "checkpoint_config"),
+    ({"checkpoint_config": {"lam": float("nan")}}, "checkpoint_config"),
+    ({"checkpoint_dir": None, "checkpoint_config": {"lam": 1}}, "checkpoint_config"),
 ])
 def test_invalid_checkpoint_arguments(tmp_path, alg, data, kwargs, match):
     kw = dict(RUN, checkpoint_dir=str(tmp_path / "ck"))
