@@ -438,11 +438,16 @@ def main(argv=None):
             args.checkpoint_dir, run_folder(run, views[run][-1][2], default_cfg))
         t0 = time.perf_counter()
         # rounds exactly as a plain loop of round_step (the same keys); the
-        # validation evaluations at the checkpoints are the run's trajectory
+        # validation evaluations at the checkpoints are the run's trajectory,
+        # except for the methods that finetune every writer at evaluation
+        # (Per-FedAvg, mapper): theirs would cost more than the rounds between
+        # checkpoints, so they record the training metrics only (the final
+        # evaluation below is the same either way)
         res = simulate(alg, fed, num_rounds=args.rounds,
                        eval_every=args.checkpoint_every or args.rounds,
                        key=jax.random.key(args.seed), eval_mask=benign,
-                       splits=splits_of(fed)[:1], progress=False, engine=run_engine,
+                       splits=() if run in engines else splits_of(fed)[:1],
+                       progress=False, engine=run_engine,
                        checkpoint_dir=ckdir, checkpoint_every=args.checkpoint_every,
                        resume=args.resume,
                        jsonl_path=ckdir and os.path.join(ckdir, "history.jsonl"))

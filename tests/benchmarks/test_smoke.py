@@ -416,6 +416,25 @@ def test_ditto_table2_configurations_do_not_share_checkpoints(tmp_path):
     assert not second[0]["resumed"]
 
 
+def test_ditto_table2_finetuning_methods_skip_checkpoint_evaluations(tmp_path):
+    """Per-FedAvg finetunes every writer to evaluate: its checkpoints record
+    the training metrics only, and its row still carries validation and test."""
+    if not os.environ.get("FEDJAX_PFL_DATA_DIR"):
+        pytest.skip("FEDJAX_PFL_DATA_DIR is not set")
+    mod = _load("ditto_table2")
+    ck = tmp_path / "ck"
+    recs = mod.main(["--num-clients", "8", "--cohort-size", "2", "--rounds", "2",
+                     "--local-steps", "1", "--finetune-steps", "1", "--methods",
+                     "per_fedavg", "--checkpoint-dir", str(ck), "--checkpoint-every",
+                     "1", "--out", str(tmp_path / "t.jsonl")])
+    rows = [json.loads(line) for line in
+            (ck / "per_fedavg" / "history.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [0, 1, 2]
+    assert not any("/val/" in k for r in rows for k in r)
+    assert "train/loss" in rows[-1]
+    assert 0 <= recs[0]["val_mean"] <= 1 and 0 <= recs[0]["mean"] <= 1
+
+
 def test_ditto_table2_resume_skips_recorded_rows(tmp_path):
     """A Ditto run stopped after its first rows resumes from its final
     checkpoint and writes only the missing finetuning rows, with the numbers an
