@@ -82,7 +82,16 @@ def class_shares(fed) -> dict:
     return out
 
 
-_VIEW = {"global": "global"}  # the model view a row evaluates (others: personal)
+def _setting(rec) -> str:
+    """The record's column: ``clean`` or e.g. ``A1 50%``."""
+    return "clean" if rec["attack"] == "none" else f"{rec['attack']} {rec['ratio']:.0%}"
+
+
+def _group_acc(group):
+    """The accuracy of a ``by_participation`` group of one row (each row's
+    groups carry its one model view, ``global`` or ``personal``)."""
+    (acc,) = [group[v] for v in ("global", "personal") if v in group]
+    return acc
 
 
 def summary(ev, view):
@@ -255,7 +264,7 @@ def report(path: str) -> str:
             runs.items(), key=lambda kv: (kv[0][1] != "none", order[kv[0][0]],
                                           kv[0][2])):
         r0 = rs[0]
-        setting = "clean" if attack == "none" else f"{attack} {r0['ratio']:.0%}"
+        setting = _setting(r0)
         val = across_seeds([r["val_mean"] for r in rs]) if "val_mean" in r0 else ""
         worst = np.mean([r["worst10"] for r in rs])
         dev = np.mean([r["std"] for r in rs])
@@ -270,22 +279,20 @@ def report(path: str) -> str:
                    "std | worst 10 % |"), "|---|---|---|---|---|---|---|---|"]
         for r in took:
             t = r["took_part"]
-            setting = "clean" if r["attack"] == "none" else f"{r['attack']} {r['ratio']:.0%}"
-            lines.append(f"| {setting} | {r['row']} | {_config(r)} | {r['seed']} | "
+            lines.append(f"| {_setting(r)} | {r['row']} | {_config(r)} | {r['seed']} | "
                          f"{t['writers']} | {t['mean']:.3f} | {t['std']:.3f} | "
                          f"{t['worst10']:.3f} |")
     part = [(r, g) for r in recs for g in r.get("by_participation", ())
-            if g.get(_VIEW.get(r["row"], "personal")) is not None]
+            if _group_acc(g) is not None]
     if part:
         lines += ["", ("Benign writers' test accuracy by the rounds they took part "
                        "in (unweighted mean over writers; per seed):"), "",
                   ("| setting | method | hyperparameter | seed | took part in (rounds) "
                    "| writers | test accuracy |"), "|---|---|---|---|---|---|---|"]
         for r, g in part:
-            setting = "clean" if r["attack"] == "none" else f"{r['attack']} {r['ratio']:.0%}"
-            lines.append(f"| {setting} | {r['row']} | {_config(r)} | {r['seed']} | "
+            lines.append(f"| {_setting(r)} | {r['row']} | {_config(r)} | {r['seed']} | "
                          f"{g['min_rounds']}-{g['max_rounds']} | {g['clients']} | "
-                         f"{g[_VIEW.get(r['row'], 'personal')]:.3f} |")
+                         f"{_group_acc(g):.3f} |")
     return "\n".join(lines)
 
 
@@ -422,6 +429,9 @@ def main(argv=None):
     eval_key = jax.random.key(args.seed + 1)
     lam_runs = [ditto_run(lam) for lam in args.lam]
     runs = [r for m in args.methods for r in (lam_runs if m == "ditto" else [m])]
+    # how many rounds each writer took part in: the same draws for every method
+    counts = run_participation(fed, jax.random.key(args.seed), args.cohort_size,
+                               args.rounds)
     for run in runs:
         todo = [(row, view, config) for row, view, config in views[run]
                 if (row, config) not in done]
@@ -461,8 +471,6 @@ def main(argv=None):
                      if k in wanted}, d, splits=splits_of(d), mask=benign,
                     per_client=True))(state, fed)
             wall = time.perf_counter() - t0
-            counts = run_participation(fed, jax.random.key(args.seed),
-                                       args.cohort_size, args.rounds)
             for row, view, config in todo:
                 # the benign writers' test accuracy by the rounds they took part
                 # in, and over those that took part at least once

@@ -468,8 +468,8 @@ def simulate(
         (``data: ...``); whatever the algorithm refuses when its round is
         traced for ``data`` (e.g. a cohort larger than the number of clients);
         ``resume`` with a checkpoint of another run (different key, schedule,
-        starting state, privacy monitor or ``checkpoint_config``); a ``checkpoint_dir`` that holds
-        checkpoints without ``resume``; a ``stop_when`` that is not callable, or
+        starting state, privacy monitor or ``checkpoint_config``); a
+        ``checkpoint_dir`` that holds checkpoints without ``resume``; a ``stop_when`` that is not callable, or
         a :class:`Plateau` whose settings are invalid or whose metrics the run
         does not record.
       Interrupted: SIGINT or SIGTERM stopped the run (see above).
