@@ -244,9 +244,16 @@ def main(argv=None):
                         "these malicious ratios (the benign clients' accuracies of "
                         "the same local models)")
     add_checkpoint_args(p, "<run> (the history as it grows in DIR/<run>/history.jsonl)")
+    p.add_argument("--history-dir", default=None,
+                   help="without --checkpoint-dir: append each run's evaluations to "
+                        "DIR/<run>.jsonl as they come (a run stopped before its end "
+                        "leaves its trajectory there, not in --out)")
     args = parse_or_report(p, argv, report)
     if args is None:
         return []
+    if args.history_dir and args.checkpoint_dir:
+        p.error("--history-dir: the history goes to --checkpoint-dir's folders "
+                "when that is given; give one of the two")
     if args.plateau_patience and "val" not in args.splits:
         p.error("--plateau-patience needs --splits to include val")
     if not all(0 < r < 1 for r in args.derive_ratios):
@@ -295,7 +302,9 @@ def main(argv=None):
                        progress=True, engine=engine, stop_when=stop,
                        checkpoint_dir=ckdir, checkpoint_every=args.checkpoint_every,
                        resume=args.resume,
-                       jsonl_path=ckdir and os.path.join(ckdir, "history.jsonl"))
+                       jsonl_path=(os.path.join(ckdir, "history.jsonl") if ckdir else
+                                   args.history_dir and os.path.join(
+                                       args.history_dir, f"{run}.jsonl")))
         wall = time.perf_counter() - t0
         rounds = res.history[-1]["round"]
         derive = run == "local" and args.attack == "none"

@@ -130,7 +130,9 @@ def _git_sha() -> str:
                                check=False)
         return sha + ("-dirty" if dirty.returncode == 1 else "")
     except Exception:
-        return "unknown"
+        # a copy of the tree without its .git (a lent GPU machine): whoever sent
+        # the copy names its commit (benchmarks/gpu_jobs.sh)
+        return os.environ.get("FEDJAX_PFL_GIT_SHA", "unknown")
 
 
 # the commit whose code this process imported: a record written hours later,
