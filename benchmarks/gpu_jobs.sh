@@ -22,7 +22,7 @@
 #   GPU_JOBS_WHEELS=DIR       wheels installed first (pip --no-index --no-deps
 #                             --target), for modules the machine lacks (default .whl)
 #   FEDJAX_PFL_GIT_SHA        the commit of the copied tree, written into the
-#                             records where the copy has no .git
+#                             records (the copy's .git, if any, may be stale)
 #   PYTHON                    interpreter (default: python3)
 set -u
 

@@ -121,6 +121,11 @@ def _git_sha() -> str:
     """HEAD's short sha, with ``-dirty`` when the package or the benchmarks
     differ from it (uncommitted code; records and docs do not count)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if os.environ.get("FEDJAX_PFL_GIT_SHA"):
+        # a copy of the tree sent elsewhere (a lent GPU machine), whose .git, if
+        # any, need not be the sender's: the sender names the commit
+        # (benchmarks/gpu_jobs.sh)
+        return os.environ["FEDJAX_PFL_GIT_SHA"]
     try:
         sha = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"],
                                       cwd=root, stderr=subprocess.DEVNULL,
@@ -130,9 +135,7 @@ def _git_sha() -> str:
                                check=False)
         return sha + ("-dirty" if dirty.returncode == 1 else "")
     except Exception:
-        # a copy of the tree without its .git (a lent GPU machine): whoever sent
-        # the copy names its commit (benchmarks/gpu_jobs.sh)
-        return os.environ.get("FEDJAX_PFL_GIT_SHA", "unknown")
+        return "unknown"
 
 
 # the commit whose code this process imported: a record written hours later,
