@@ -33,7 +33,10 @@ with mean +- std over the seeds run. ``--stop`` picks LINDT's stopping strategy
 (Sec. 5.3, App. C.7) and ``--attacks-until R`` makes the attackers honest after
 round R (App. C.7's experiment). ``--private-cache DIR`` keeps the private
 accuracies for later runs with the same settings (clear DIR when the private
-training code changes).
+training code changes). ``--checkpoint-dir DIR --checkpoint-every N --resume``
+saves each method's run in ``DIR/<method>/`` every N rounds and continues it
+from there, exactly (the evaluations and per-round detector series so far are
+part of the checkpoint); a checkpoint written with other settings is refused.
 
     FEDJAX_PFL_DATA_DIR=/path/to/data python benchmarks/lindt_nfl.py \\
         --out docs/results/lindt.jsonl --plot docs/results/lindt_nfl.png
@@ -56,7 +59,13 @@ from fedjax_pfl import algorithms, experiments, metrics, models
 from fedjax_pfl.experiments import _presets_lindt as _lindt
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from throughput import _meta, parse_or_report, settings_hash, write_jsonl
+from throughput import (  # noqa: E402
+    _meta,
+    add_checkpoint_args,
+    parse_or_report,
+    settings_hash,
+    write_jsonl,
+)
 
 METHODS = ("fedavg", "fb", "tm", "apfl", "fedprox", "lindt", "lindt_tm",
            "lindt_detect")
@@ -173,12 +182,82 @@ def cached_private_accuracy(dual, fd, key, args):
     return acc, path
 
 
+# the arguments that do not change what a run computes (left out of its
+# checkpoint's fingerprint)
+NOT_RUN = ("out", "report", "plot", "methods", "checkpoint_dir", "checkpoint_every",
+           "resume", "private_cache")
+
+
+class Progress:
+    """A method's checkpoint, ``DIR/<method>/``: the round state's leaves
+    (``state_<round>.npz``; PRNG keys as their key data) and ``progress.json``
+    (the round, the evaluations and per-round detector series so far, the
+    seconds spent, and the fingerprint: every argument that changes the run).
+    Each file is written to a temporary name and renamed, ``progress.json``
+    last, so a run killed at any point resumes from the last complete
+    checkpoint."""
+
+    def __init__(self, args, method):
+        self.dir = args.checkpoint_dir and os.path.join(args.checkpoint_dir, method)
+        self.every = args.checkpoint_every or args.eval_every
+        self.fingerprint = {"method": method, **{
+            k: v for k, v in sorted(vars(args).items()) if k not in NOT_RUN}}
+        self.path = self.dir and os.path.join(self.dir, "progress.json")
+
+    def restore(self, template):
+        """``None``, or ``(round, state, rows, per_round, round_s, seconds)``
+        from the checkpoint; refuses one written by another configuration."""
+        if not (self.path and os.path.exists(self.path)):
+            return None
+        with open(self.path) as fh:
+            saved = json.load(fh)
+        if saved["fingerprint"] != self.fingerprint:
+            diff = sorted(k for k in {*saved["fingerprint"], *self.fingerprint}
+                          if saved["fingerprint"].get(k) != self.fingerprint.get(k))
+            raise SystemExit(f"--resume: the checkpoint in {self.dir} was written "
+                             f"with other settings ({', '.join(diff)} differ); "
+                             f"use another --checkpoint-dir")
+        leaves, treedef = jax.tree_util.tree_flatten(template)
+        with np.load(os.path.join(self.dir, saved["state"])) as z:
+            arrays = [z[f"a{i}"] for i in range(len(leaves))]
+        leaves = [jax.random.wrap_key_data(a, impl=jax.random.key_impl(t))
+                  if _is_key(t) else jnp.asarray(a, t.dtype)
+                  for a, t in zip(arrays, leaves)]
+        return (saved["round"], jax.tree_util.tree_unflatten(treedef, leaves),
+                saved["rows"], saved["per_round"], saved["round_s"], saved["seconds"])
+
+    def save(self, r, state, rows, per_round, round_s, seconds):
+        os.makedirs(self.dir, exist_ok=True)
+        name = f"state_{r}.npz"
+        arrays = {f"a{i}": np.asarray(jax.random.key_data(x) if _is_key(x) else x)
+                  for i, x in enumerate(jax.tree_util.tree_leaves(state))}
+        tmp = os.path.join(self.dir, name + ".tmp")
+        with open(tmp, "wb") as fh:
+            np.savez(fh, **arrays)
+        os.replace(tmp, os.path.join(self.dir, name))
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as fh:
+            json.dump({"fingerprint": self.fingerprint, "round": r, "state": name,
+                       "rows": rows, "per_round": per_round, "round_s": round_s,
+                       "seconds": seconds}, fh)
+        os.replace(tmp, self.path)
+        for old in os.listdir(self.dir):  # the states no checkpoint names
+            if old.startswith("state_") and old != name:
+                os.remove(os.path.join(self.dir, old))
+
+
+def _is_key(x) -> bool:
+    return jnp.issubdtype(getattr(x, "dtype", None), jax.dtypes.prng_key)
+
+
 def run_method(method, dual, fd, mal, private_acc, args, noise_std, key,
                clean_fd=None):
     """One method's run. With ``--attacks-until R`` (``clean_fd``: the same
     clients without the backdoor) the attackers turn honest after round ``R``:
     from round ``R + 1`` every client trains on clean data with the benign
-    step count (App. C.7's experiment)."""
+    step count (App. C.7's experiment). With ``--checkpoint-dir`` the run is
+    saved every ``--checkpoint-every`` rounds and at its end, and with
+    ``--resume`` continues from its checkpoint (:class:`Progress`)."""
     alg = build(method, dual, args, mal, noise_std)
     benign = jnp.asarray(~mal, jnp.float32)
     step = jax.jit(alg.round_step, donate_argnums=0)
@@ -198,7 +277,13 @@ def run_method(method, dual, fd, mal, private_acc, args, noise_std, key,
     rows, per_round, t0 = [], [], time.perf_counter()
     counts = np.asarray(fd.test.counts, np.float64)
     round_s = []  # each round's step (the float()s below wait for it)
-    for r in range(1, args.rounds + 1):
+    progress, start, before = Progress(args, method), 0, 0.0
+    restored = progress.restore(state) if args.resume else None
+    if restored is not None:
+        start, state, rows, per_round, round_s, before = restored
+        print(f"{method}: resumed from round {start}", flush=True)
+    compiled = {0, len(round_s)}  # each process's first round compiles
+    for r in range(start + 1, args.rounds + 1):
         t1 = time.perf_counter()
         if clean_fd is not None and r > args.attacks_until:
             state, m = honest(state, clean_fd, key)
@@ -220,9 +305,13 @@ def run_method(method, dual, fd, mal, private_acc, args, noise_std, key,
                     row[prefix + "beta" + tag] = float(g["nfl/beta"])
             row.update(per_round[-1])
             rows.append(row)
-    seconds = time.perf_counter() - t0
-    # the median round, compile (round 1) excluded
-    return rows, per_round, (seconds, float(np.median(round_s[1:] or round_s)))
+            if progress.dir and (r % progress.every == 0 or r == args.rounds):
+                progress.save(r, state, rows, per_round, round_s,
+                              before + time.perf_counter() - t0)
+    seconds = before + time.perf_counter() - t0
+    # the median round, the compiling ones excluded
+    timed = [t for i, t in enumerate(round_s) if i not in compiled] or round_s
+    return rows, per_round, (seconds, float(np.median(timed)), start)
 
 
 def main(argv=None):
@@ -290,6 +379,7 @@ def main(argv=None):
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--plot", default=None, help="write the Delta/accuracy PNG here")
+    add_checkpoint_args(p, "<method> (its state, evaluations and per-round series)")
     args = parse_or_report(p, argv, report)
     if args is None:
         return None
@@ -297,6 +387,10 @@ def main(argv=None):
     for name, value in DEFAULTS[args.data == "shakespeare"].items():
         if getattr(args, name) is None:
             setattr(args, name, value)
+    if args.checkpoint_every and (args.checkpoint_every < 1
+                                  or args.checkpoint_every % args.eval_every):
+        p.error(f"--checkpoint-every: a positive multiple of --eval-every "
+                f"({args.eval_every}), got {args.checkpoint_every}")
     if args.stop_streak < 1:
         p.error(f"--stop-streak: must be >= 1, got {args.stop_streak}")
     if args.attacks_until is not None and not 0 <= args.attacks_until < args.rounds:
@@ -344,7 +438,7 @@ def main(argv=None):
     if "fb" in args.methods and "fedavg" not in runs:
         runs.insert(0, "fedavg")
     for method in runs:
-        rows, per_round, (secs, round_s) = run_method(
+        rows, per_round, (secs, round_s, resumed_from) = run_method(
             method, dual, fd, mal, private_acc, args, noise_std, key, clean_fd)
         curves[method] = (rows, per_round)
         outs = [(method, rows)]
@@ -354,6 +448,7 @@ def main(argv=None):
             tail = rs[-args.tail:]
             pre = "fb_" if name == "fb" else ""
             rec = dict(meta, method=name, seconds=secs, round_s_median=round_s,
+                       resumed_from=resumed_from,
                        central=float(np.mean([r["central"] for r in tail])),
                        local=float(np.mean([r[pre + "local"] for r in tail])),
                        beta=float(np.mean([r[pre + "beta"] for r in tail])),

@@ -294,6 +294,47 @@ def test_lindt_nfl_private_cache(tmp_path, monkeypatch):
         ln.main(args + ["--private-steps", "3"])
 
 
+def test_lindt_nfl_checkpoints_resume_exactly(tmp_path, monkeypatch):
+    """``--checkpoint-dir``/``--resume``: a run stopped after its round-2
+    checkpoint and resumed writes the same records (evaluations, per-round
+    detector series, central/local/beta) as one run straight through; a
+    checkpoint written with other settings is refused."""
+    ln = _load("lindt_nfl")
+    common = ["--data", "synthetic", "--num-clients", "10", "--cohort-size", "3",
+              "--rounds", "4", "--eval-every", "1", "--tail", "2", "--hidden", "4",
+              "--private-rounds", "1", "--private-steps", "2",
+              "--methods", "fedavg", "fb", "lindt"]
+    straight = ln.main(common)
+    ck = ["--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "2",
+          "--resume"]
+    save = ln.Progress.save
+
+    def save_then_stop(self, r, *a):
+        save(self, r, *a)
+        if r == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(ln.Progress, "save", save_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        ln.main(common + ck)
+    monkeypatch.setattr(ln.Progress, "save", save)
+    # fedavg was stopped at round 2; lindt had not started
+    assert json.loads((tmp_path / "ck" / "fedavg" / "progress.json").read_text())[
+        "round"] == 2
+    resumed = ln.main(common + ck)
+    assert [r["resumed_from"] for r in resumed] == [2, 2, 0]
+    for a, b in zip(straight, resumed):
+        assert a["method"] == b["method"]
+        for k in ("central", "local", "beta", "beta_all", "history", "per_round",
+                  "detect_round", "in_nfl"):
+            assert a[k] == b[k], (a["method"], k)
+    with pytest.raises(SystemExit, match="lr differ"):
+        ln.main(common + ck + ["--lr", "0.01"])
+    with pytest.raises(SystemExit):
+        ln.main(common + ["--checkpoint-dir", str(tmp_path), "--checkpoint-every", "3",
+                          "--eval-every", "2"])
+
+
 @pytest.mark.skipif(not os.environ.get("FEDJAX_PFL_DATA_DIR"),
                     reason="needs FEDJAX_PFL_DATA_DIR (cifar10/)")
 def test_lindt_nfl_paper_cnn(tmp_path):
