@@ -59,7 +59,7 @@ from fedjax_pfl import algorithms, experiments, metrics, models
 from fedjax_pfl.experiments import _presets_lindt as _lindt
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from throughput import (  # noqa: E402
+from throughput import (
     _meta,
     add_checkpoint_args,
     parse_or_report,
