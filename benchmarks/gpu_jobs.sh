@@ -18,7 +18,9 @@
 #   GPU_JOBS_PARALLEL=P       jobs at a time (default 4; they share the GPU, each
 #                             taking memory as it needs it)
 #   GPU_JOBS_DEADLINE=S       seconds from the start after which running jobs are
-#                             killed and no new one starts (default 500)
+#                             killed (default 500)
+#   GPU_JOBS_MIN_LEFT=S       no job starts with fewer seconds than this left
+#                             (default 30)
 #   GPU_JOBS_WHEELS=DIR       wheels installed first (pip --no-index --no-deps
 #                             --target), for modules the machine lacks (default .whl)
 #   FEDJAX_PFL_GIT_SHA        the commit of the copied tree, written into the
@@ -33,7 +35,10 @@ JOBS=$(cd "$(dirname "$JOBS")" && pwd)/$(basename "$JOBS")
 DIR=${2:-${OUT:?gpu_jobs: give OUTDIR or set OUT}}
 P=${GPU_JOBS_PARALLEL:-4}
 DEADLINE=${GPU_JOBS_DEADLINE:-500}
-case $P$DEADLINE in *[!0-9]*) echo "gpu_jobs: GPU_JOBS_PARALLEL and GPU_JOBS_DEADLINE must be whole numbers" >&2; exit 2 ;; esac
+MIN_LEFT=${GPU_JOBS_MIN_LEFT:-30}
+case $P$DEADLINE$MIN_LEFT in *[!0-9]*|"")
+  echo "gpu_jobs: GPU_JOBS_PARALLEL, GPU_JOBS_DEADLINE and GPU_JOBS_MIN_LEFT must be whole numbers" >&2; exit 2 ;;
+esac
 [ "$P" -ge 1 ] || { echo "gpu_jobs: GPU_JOBS_PARALLEL must be at least 1" >&2; exit 2; }
 PY=${PYTHON:-python3}
 WORK=$(mktemp -d)
@@ -75,7 +80,7 @@ while IFS= read -r line || [ -n "$line" ]; do
   case $line in ''|'#'*) continue ;; esac
   while [ "${#PIDS[@]}" -ge "$P" ]; do reap; done
   left=$((DEADLINE - ($(date +%s) - START)))
-  if [ "$left" -lt 30 ]; then
+  if [ "$left" -lt "$MIN_LEFT" ]; then
     STATUS+=("$(printf '%s\tnot_started\t0\t%s' "$n" "$line")"); continue
   fi
   cmd=${line//\{out\}/$WORK/recs/$n.jsonl}

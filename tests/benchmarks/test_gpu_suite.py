@@ -1,7 +1,13 @@
 """The GPU suite's helpers: the environment check and the report."""
 
 import json
+import os
+import pathlib
+import subprocess
+import sys
+import tarfile
 
+import pytest
 from helpers import load_benchmark
 
 _load = load_benchmark
@@ -37,3 +43,38 @@ def test_report_merges_records_and_steps(tmp_path):
     assert md.count("No records.") == 4  # w1, ditto_cost, privacy, ditto_fmnist
     assert (docs / "gpu.md").read_text() == md
     assert len((docs / "throughput_gpu.jsonl").read_text().splitlines()) == 2
+
+
+@pytest.mark.slow
+def test_gpu_jobs_runs_in_order_until_the_deadline(tmp_path):
+    """benchmarks/gpu_jobs.sh: jobs in file order, {out}/{hist} filled in, a
+    failed job does not stop the others, the one still running at the deadline
+    is killed and later ones are not started; the outcome of each is in
+    jobs.tsv and every record, trajectory and log in results.tar.gz. The
+    records name FEDJAX_PFL_GIT_SHA's commit."""
+    jobs = tmp_path / "jobs.txt"
+    sha = (f'{sys.executable} -c "import sys; sys.path.insert(0, \'benchmarks\'); '
+           f'import throughput, json; print(json.dumps(throughput._meta()))" > {{out}}')
+    jobs.write_text("\n".join([
+        "# a comment", sha, "mkdir -p {hist} && echo x > {hist}/h.jsonl; exit 3", "",
+        "sleep 120", "echo never > {out}"]) + "\n")
+    out = tmp_path / "out"
+    env = {**os.environ, "GPU_JOBS_PARALLEL": "1", "GPU_JOBS_DEADLINE": "25",
+           "GPU_JOBS_MIN_LEFT": "5",
+           "GPU_JOBS_WHEELS": str(tmp_path / "no_wheels"), "PYTHON": sys.executable,
+           "FEDJAX_PFL_GIT_SHA": "abc1234"}
+    repo = pathlib.Path(__file__).resolve().parents[2]
+    res = subprocess.run(["bash", str(repo / "benchmarks" / "gpu_jobs.sh"), str(jobs),
+                          str(out)], env=env, capture_output=True, text=True,
+                         timeout=120, check=False)
+    assert res.returncode == 0, res.stderr
+    rows = [line.split("\t") for line in (out / "jobs.tsv").read_text().splitlines()]
+    assert [(r[0], r[1]) for r in rows] == [
+        ("2", "done"), ("3", "failed_rc3"), ("5", "killed_at_deadline"),
+        ("6", "not_started")]
+    with tarfile.open(out / "results.tar.gz") as tar:
+        names = set(tar.getnames())
+        rec = json.loads(tar.extractfile("recs/2.jsonl").read())
+    assert {"logs/2.log", "logs/5.log", "hist/3/h.jsonl"} <= names
+    assert "recs/6.jsonl" not in names
+    assert rec["git_sha"] == "abc1234"
