@@ -55,9 +55,9 @@ def test_gpu_jobs_runs_in_order_until_the_deadline(tmp_path):
     jobs = tmp_path / "jobs.txt"
     sha = (f'{sys.executable} -c "import sys; sys.path.insert(0, \'benchmarks\'); '
            f'import throughput, json; print(json.dumps(throughput._meta()))" > {{out}}')
-    jobs.write_text("\n".join([
-        "# a comment", sha, "mkdir -p {hist} && echo x > {hist}/h.jsonl; exit 3", "",
-        "sleep 120", "echo never > {out}"]) + "\n")
+    lines = ["# a comment", sha, "mkdir -p {hist} && echo x > {hist}/h.jsonl; exit 3",
+             "", "sleep 120", "echo never > {out}"]
+    jobs.write_text("".join(line + "\n" for line in lines))
     out = tmp_path / "out"
     env = {**os.environ, "GPU_JOBS_PARALLEL": "1", "GPU_JOBS_DEADLINE": "25",
            "GPU_JOBS_MIN_LEFT": "5",
