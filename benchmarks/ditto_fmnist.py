@@ -146,6 +146,10 @@ TABLE1 = {
 }
 
 
+# the per-device lambda rules' names in the report
+RULE = {"paper": "the paper's rule", "greedy_step": "the code's rule"}
+
+
 def _sortable(key):
     """A report key with its missing entries (None: no TERM tilt) sortable."""
     return tuple(-1.0 if v is None else v for v in key)
@@ -183,7 +187,8 @@ def report(path: str) -> str:
             k = f"{view}/test/accuracy"
             name = (f"TERM (t={t:g})" if run == "term" else
                     "global (FedAvg)" if view == "global" else
-                    f"Ditto ({sel}, lambda={lam:g})" if run == "ditto" else "local")
+                    ("local" if run != "ditto" else f"Ditto (fixed, lambda={lam:g})"
+                     if sel == "fixed" else f"Ditto (dynamic lambda, {RULE[sel]})"))
             if any(r.get("derived_from_clean_run") for r in rs):
                 name = "local (the clean run's models, benign devices)"
             row = ("TERM" if run == "term" else "global" if view == "global"
