@@ -476,6 +476,26 @@ def test_ditto_table2_finetuning_methods_skip_checkpoint_evaluations(tmp_path):
     assert 0 <= recs[0]["val_mean"] <= 1 and 0 <= recs[0]["mean"] <= 1
 
 
+def test_ditto_table2_mapper_records_the_models_it_starts_from(tmp_path):
+    """mapper's row (the finetuned interpolation) comes with two diagnostic
+    rows, its global model and the interpolation before finetuning, listed
+    under every configuration run but not in the main table."""
+    if not os.environ.get("FEDJAX_PFL_DATA_DIR"):
+        pytest.skip("FEDJAX_PFL_DATA_DIR is not set")
+    mod = _load("ditto_table2")
+    out = tmp_path / "m.jsonl"
+    recs = mod.main(["--num-clients", "8", "--cohort-size", "2", "--rounds", "2",
+                     "--local-steps", "1", "--finetune-steps", "1", "--methods",
+                     "mapper", "--out", str(out)])
+    assert [r["row"] for r in recs] == ["mapper", "mapper: its global model",
+                                        "mapper: the interpolation, not finetuned"]
+    assert len({r["mean"] for r in recs}) > 1  # three different models
+    table = mod.report(str(out))
+    main_table = table.split("Every configuration run")[0]
+    assert "| mapper | " in main_table and "its global model" not in main_table
+    assert "| clean | mapper: its global model | - | 1 |" in table
+
+
 def test_ditto_table2_resume_skips_recorded_rows(tmp_path):
     """A Ditto run stopped after its first rows resumes from its final
     checkpoint and writes only the missing finetuning rows, with the numbers an
