@@ -88,7 +88,8 @@ while IFS= read -r line || [ -n "$line" ]; do
   CMD[$n]=$line
   T0[$n]=$(date +%s)
   echo "gpu_jobs: [$n] start (${left}s left): $line"
-  timeout --kill-after=10 "$left" bash -c "$cmd" >"$WORK/logs/$n.log" 2>&1 &
+  # stdin from /dev/null: the loop reads the job file from its own stdin
+  timeout --kill-after=10 "$left" bash -c "$cmd" </dev/null >"$WORK/logs/$n.log" 2>&1 &
   PIDS[$n]=$!
 done < "$JOBS"
 while [ "${#PIDS[@]}" -gt 0 ]; do reap; done
