@@ -78,3 +78,48 @@ def test_gpu_jobs_runs_in_order_until_the_deadline(tmp_path):
     assert {"logs/2.log", "logs/5.log", "hist/3/h.jsonl"} <= names
     assert "recs/6.jsonl" not in names
     assert rec["git_sha"] == "abc1234"
+
+
+def test_gpu_stage_sends_a_folder_in_parts(tmp_path):
+    """benchmarks/gpu_stage.sh: split cuts a folder into parts with a manifest;
+    collect keeps the parts of each call, says what is missing (exit 3),
+    refuses a corrupted part (exit 2) and unpacks the folder once all came."""
+    repo = pathlib.Path(__file__).resolve().parents[2]
+    src = tmp_path / "mydata"
+    src.mkdir()
+    payload = os.urandom(5000)
+    (src / "x.bin").write_bytes(payload)
+    here, there = tmp_path / "here", tmp_path / "there"
+    env = {**os.environ, "GPU_STAGE_ROOT": str(here),
+           "GPU_STAGE_DIR": str(tmp_path / "keep")}
+
+    def stage(*args, root=here):
+        return subprocess.run(["bash", str(repo / "benchmarks" / "gpu_stage.sh"), *args],
+                              env={**env, "GPU_STAGE_ROOT": str(root)},
+                              capture_output=True, text=True, timeout=60, check=False)
+
+    res = stage("split", str(src), "d", "4K")
+    assert res.returncode == 0, res.stderr
+    parts = sorted(p.name for p in (here / "d").glob("part.*"))
+    assert len(parts) == 3
+    assert res.stdout.count('"') == 4 * len(parts)  # one carry list per part
+    dest = tmp_path / "dest"
+    for i, name in enumerate(parts):  # one call per part, as on the machine
+        (there / "d").mkdir(parents=True, exist_ok=True)
+        for old in (there / "d").glob("*"):
+            old.unlink()
+        (there / "d" / "MANIFEST").write_bytes((here / "d" / "MANIFEST").read_bytes())
+        data = (here / "d" / name).read_bytes()
+        if i == 1:  # a part damaged on the way is refused
+            (there / "d" / name).write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+            res = stage("collect", "d", str(dest), root=there)
+            assert res.returncode == 2 and "does not match" in res.stderr
+        (there / "d" / name).write_bytes(data)
+        res = stage("collect", "d", str(dest), root=there)
+        if i < len(parts) - 1:
+            assert res.returncode == 3 and f"{i + 1}/3 parts" in res.stdout, res.stdout
+            assert not dest.exists()
+    assert res.returncode == 0, res.stderr
+    assert (dest / "mydata" / "x.bin").read_bytes() == payload
+    assert stage("split", str(tmp_path / "nope"), "d").returncode == 2
+    assert stage("split", str(src), "../bad").returncode == 2
