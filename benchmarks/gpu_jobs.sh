@@ -23,6 +23,9 @@
 #                             (default 30)
 #   GPU_JOBS_WHEELS=DIR       wheels installed first (pip --no-index --no-deps
 #                             --target), for modules the machine lacks (default .whl)
+#   GPU_JOBS_DETERMINISTIC=1  adds --xla_gpu_deterministic_ops=true to XLA_FLAGS
+#                             (GPU runs of one seed are otherwise not repeatable;
+#                             docs/engine.md's determinism table)
 #   FEDJAX_PFL_GIT_SHA        the commit of the copied tree, written into the
 #                             records (the copy's .git, if any, may be stale)
 #   PYTHON                    interpreter (default: python3)
@@ -54,6 +57,10 @@ if compgen -G "$WHEELS/*.whl" >/dev/null; then
 fi
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export XLA_PYTHON_CLIENT_PREALLOCATE=false  # P processes share the GPU's memory
+if [ "${GPU_JOBS_DETERMINISTIC:-0}" = 1 ]; then
+  export XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_gpu_deterministic_ops=true"
+  echo "gpu_jobs: XLA_FLAGS=$XLA_FLAGS"
+fi
 "$PY" -c "import jax, fedjax_pfl; print('gpu_jobs: jax', jax.__version__, jax.devices())" \
   || exit 2
 
