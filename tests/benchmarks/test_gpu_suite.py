@@ -62,12 +62,13 @@ def test_gpu_jobs_runs_in_order_until_the_deadline(tmp_path):
     env = {**os.environ, "GPU_JOBS_PARALLEL": "1", "GPU_JOBS_DEADLINE": "25",
            "GPU_JOBS_MIN_LEFT": "5",
            "GPU_JOBS_WHEELS": str(tmp_path / "no_wheels"), "PYTHON": sys.executable,
-           "FEDJAX_PFL_GIT_SHA": "abc1234"}
+           "FEDJAX_PFL_GIT_SHA": "abc1234", "GPU_JOBS_DETERMINISTIC": "1"}
     repo = pathlib.Path(__file__).resolve().parents[2]
     res = subprocess.run(["bash", str(repo / "benchmarks" / "gpu_jobs.sh"), str(jobs),
                           str(out)], env=env, capture_output=True, text=True,
                          timeout=120, check=False)
     assert res.returncode == 0, res.stderr
+    assert "--xla_gpu_deterministic_ops=true" in res.stdout  # XLA on CPU accepts it
     rows = [line.split("\t") for line in (out / "jobs.tsv").read_text().splitlines()]
     assert [(r[0], r[1]) for r in rows] == [
         ("2", "done"), ("3", "failed_rc3"), ("5", "killed_at_deadline"),
