@@ -61,7 +61,13 @@ collect)
   done
   NEED=$(awk '$1 != "whole" {print $1}' "$KEEP/MANIFEST")
   MISSING=""
-  for b in $NEED; do [ -f "$KEEP/$b" ] || MISSING="$MISSING $b"; done
+  for b in $NEED; do  # a part kept from an earlier split of another manifest is dropped
+    if [ -f "$KEEP/$b" ] && [ "$(sha256sum "$KEEP/$b" | cut -d' ' -f1)" != \
+         "$(awk -v p="$b" '$1 == p {print $2}' "$KEEP/MANIFEST")" ]; then
+      rm -f "$KEEP/$b"
+    fi
+    [ -f "$KEEP/$b" ] || MISSING="$MISSING $b"
+  done
   if [ -n "$MISSING" ]; then
     echo "gpu_stage: $NAME has $(($(echo $NEED | wc -w) - $(echo $MISSING | wc -w)))/$(echo $NEED | wc -w) parts; missing:$MISSING"
     exit 3

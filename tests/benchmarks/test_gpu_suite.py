@@ -122,5 +122,14 @@ def test_gpu_stage_sends_a_folder_in_parts(tmp_path):
             assert not dest.exists()
     assert res.returncode == 0, res.stderr
     assert (dest / "mydata" / "x.bin").read_bytes() == payload
+    # a new split: the parts kept from the old one do not count towards it
+    (src / "x.bin").write_bytes(os.urandom(5000))
+    assert stage("split", str(src), "d", "4K").returncode == 0
+    for old in (there / "d").glob("*"):
+        old.unlink()
+    for name in ("MANIFEST", parts[-1]):
+        (there / "d" / name).write_bytes((here / "d" / name).read_bytes())
+    res = stage("collect", "d", str(dest), root=there)
+    assert res.returncode == 3 and "1/3 parts" in res.stdout, res.stdout
     assert stage("split", str(tmp_path / "nope"), "d").returncode == 2
     assert stage("split", str(src), "../bad").returncode == 2
