@@ -14,8 +14,11 @@
 #       manifest) under $GPU_STAGE_DIR/NAME (default /tmp/fedjax_stage, kept
 #       while the machine stays warm); once all parts are there, joins them,
 #       checks the whole and unpacks it into DEST_DIR (DEST_DIR/<SRC_DIR's
-#       name>). Exit 0 when DEST_DIR holds the folder, 3 while parts are
-#       missing, 2 on an error (a part that does not match its manifest).
+#       name>; once: a marker DEST_DIR/.gpu_stage_NAME skips it later). Exit 0
+#       when DEST_DIR holds the folder, 3 while parts are missing, 2 on an
+#       error (a part that does not match its manifest). Unpack outside the
+#       folders a call carries (a carried .data replaces the remote one), e.g.
+#       into /tmp/fedjax_data, and copy the carried data folders beside it.
 #
 # .stage/ is ignored by git (carry it part by part); delete it afterwards.
 set -u
@@ -73,9 +76,13 @@ collect)
     exit 3
   fi
   whole=$(awk '$1 == "whole" {print $2}' "$KEEP/MANIFEST")
+  if [ "$(cat "$DEST/.gpu_stage_$NAME" 2>/dev/null)" = "$whole" ]; then
+    echo "gpu_stage: $NAME already unpacked into $DEST"; exit 0
+  fi
   got=$(cat $(for b in $NEED; do echo "$KEEP/$b"; done) | sha256sum | cut -d' ' -f1)
   [ "$whole" = "$got" ] || { echo "gpu_stage: the joined parts of $NAME do not match the manifest" >&2; exit 2; }
   mkdir -p "$DEST" && cat $(for b in $NEED; do echo "$KEEP/$b"; done) | tar -C "$DEST" -xf - || exit 2
+  echo "$whole" > "$DEST/.gpu_stage_$NAME"
   echo "gpu_stage: $NAME complete, unpacked into $DEST"
   ;;
 *) usage ;;

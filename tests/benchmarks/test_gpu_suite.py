@@ -122,6 +122,8 @@ def test_gpu_stage_sends_a_folder_in_parts(tmp_path):
             assert not dest.exists()
     assert res.returncode == 0, res.stderr
     assert (dest / "mydata" / "x.bin").read_bytes() == payload
+    res = stage("collect", "d", str(dest), root=there)  # a later call: nothing to do
+    assert res.returncode == 0 and "already unpacked" in res.stdout
     # a new split: the parts kept from the old one do not count towards it
     (src / "x.bin").write_bytes(os.urandom(5000))
     assert stage("split", str(src), "d", "4K").returncode == 0
