@@ -253,12 +253,18 @@ def main(argv=None):
                    help="without --checkpoint-dir: append each run's evaluations to "
                         "DIR/<run>.jsonl as they come (a run stopped before its end "
                         "leaves its trajectory there, not in --out)")
+    p.add_argument("--snapshot", action="store_true",
+                   help="with --checkpoint-dir: write the evaluations that an "
+                        "unfinished run has made so far (DIR/<run>/history.jsonl) "
+                        "to --out as records marked in_progress, without training")
     args = parse_or_report(p, argv, report)
     if args is None:
         return []
     if args.history_dir and args.checkpoint_dir:
         p.error("--history-dir: the history goes to --checkpoint-dir's folders "
                 "when that is given; give one of the two")
+    if args.snapshot and not args.checkpoint_dir:
+        p.error("--snapshot: needs --checkpoint-dir (the run's history is there)")
     if args.plateau_patience and "val" not in args.splits:
         p.error("--plateau-patience needs --splits to include val")
     if not all(0 < r < 1 for r in args.derive_ratios):
@@ -297,9 +303,23 @@ def main(argv=None):
                **({"term_t": args.term_t} if run == "term" else {}),
                "lam_selection": args.lam_selection if run == "ditto" else "fixed",
                "lam": args.lam if run == "ditto" else 0.0, "seed": args.seed,
-               "config": {**vars(args), "model": "ditto_fmnist_cnn", **{
+               "config": {**{k: v for k, v in vars(args).items() if k != "snapshot"},
+                          "model": "ditto_fmnist_cnn", **{
                    k: v for k, v in common.items() if k not in ("attack", "malicious")},
                    "strong_attack": strong, "plateau": stop and stop._asdict()}}
+        if args.snapshot:
+            path = os.path.join(ckdir, "history.jsonl")
+            if not os.path.exists(path):
+                print(f"{run}: no history in {ckdir}")
+                continue
+            with open(path) as f:
+                rows = [json.loads(line) for line in f if line.strip()]
+            recs = [{**meta, **tag, "in_progress": True, **row} for row in rows]
+            write_jsonl(args.out, recs)
+            records += recs
+            print(f"{run}: {len(rows)} evaluations to round {rows[-1]['round']}, "
+                  "in progress")
+            continue
         t0 = time.perf_counter()
         res = simulate(algs[run], fed, num_rounds=args.rounds,
                        eval_every=args.eval_every, key=jax.random.key(args.seed),

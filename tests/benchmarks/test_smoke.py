@@ -94,6 +94,12 @@ def test_ditto_fmnist_smoke(tmp_path):
     assert [r["round"] for r in again[:-1]] == [0, 1, 2]
     assert again[-2]["personal/test/accuracy/mean"] == rows[-1][
         "personal/test/accuracy/mean"]
+    # --snapshot: the evaluations in the checkpoint's history, marked, no training
+    snap = mod.main([*args[:-1], str(tmp_path / "s.jsonl"), "--snapshot"])
+    assert [r["round"] for r in snap] == [0, 1, 2] and all(r["in_progress"] for r in snap)
+    assert snap[-1]["personal/test/accuracy/mean"] == rows[-1][
+        "personal/test/accuracy/mean"]
+    assert "snapshot" not in snap[-1]["config"]
 
 
 def test_ditto_fmnist_term(tmp_path):
