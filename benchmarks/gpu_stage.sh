@@ -54,34 +54,38 @@ collect)
   mkdir -p "$KEEP" || exit 2
   [ -f "$IN/MANIFEST" ] && cp "$IN/MANIFEST" "$KEEP/MANIFEST"
   [ -f "$KEEP/MANIFEST" ] || { echo "gpu_stage: no manifest for $NAME yet (carry .stage/$NAME/MANIFEST)" >&2; exit 2; }
+  want() { awk -v p="$1" '$1 == p {print $2}' "$KEEP/MANIFEST"; }  # a part's sha256
+  sum() { sha256sum "$1" | cut -d' ' -f1; }
+  FRESH=" "  # the parts this call brought, checked on the way in
   for f in "$IN"/part.*; do
     [ -f "$f" ] || continue
     b=$(basename "$f")
-    want=$(awk -v p="$b" '$1 == p {print $2}' "$KEEP/MANIFEST")
-    got=$(sha256sum "$f" | cut -d' ' -f1)
-    [ -n "$want" ] && [ "$want" = "$got" ] || { echo "gpu_stage: $b does not match the manifest" >&2; exit 2; }
+    w=$(want "$b")
+    [ -n "$w" ] && [ "$w" = "$(sum "$f")" ] || { echo "gpu_stage: $b does not match the manifest" >&2; exit 2; }
     cp "$f" "$KEEP/$b.tmp" && mv "$KEEP/$b.tmp" "$KEEP/$b" || exit 2
+    FRESH="$FRESH$b "
   done
   NEED=$(awk '$1 != "whole" {print $1}' "$KEEP/MANIFEST")
-  MISSING=""
+  PARTS=() MISSING=""
   for b in $NEED; do  # a part kept from an earlier split of another manifest is dropped
-    if [ -f "$KEEP/$b" ] && [ "$(sha256sum "$KEEP/$b" | cut -d' ' -f1)" != \
-         "$(awk -v p="$b" '$1 == p {print $2}' "$KEEP/MANIFEST")" ]; then
-      rm -f "$KEEP/$b"
-    fi
+    case "$FRESH" in
+      *" $b "*) ;;
+      *) [ -f "$KEEP/$b" ] && [ "$(sum "$KEEP/$b")" != "$(want "$b")" ] && rm -f "$KEEP/$b" ;;
+    esac
     [ -f "$KEEP/$b" ] || MISSING="$MISSING $b"
+    PARTS+=("$KEEP/$b")
   done
   if [ -n "$MISSING" ]; then
-    echo "gpu_stage: $NAME has $(($(echo $NEED | wc -w) - $(echo $MISSING | wc -w)))/$(echo $NEED | wc -w) parts; missing:$MISSING"
+    echo "gpu_stage: $NAME has $((${#PARTS[@]} - $(echo $MISSING | wc -w)))/${#PARTS[@]} parts; missing:$MISSING"
     exit 3
   fi
-  whole=$(awk '$1 == "whole" {print $2}' "$KEEP/MANIFEST")
+  whole=$(want whole)
   if [ "$(cat "$DEST/.gpu_stage_$NAME" 2>/dev/null)" = "$whole" ]; then
     echo "gpu_stage: $NAME already unpacked into $DEST"; exit 0
   fi
-  got=$(cat $(for b in $NEED; do echo "$KEEP/$b"; done) | sha256sum | cut -d' ' -f1)
-  [ "$whole" = "$got" ] || { echo "gpu_stage: the joined parts of $NAME do not match the manifest" >&2; exit 2; }
-  mkdir -p "$DEST" && cat $(for b in $NEED; do echo "$KEEP/$b"; done) | tar -C "$DEST" -xf - || exit 2
+  [ "$whole" = "$(cat "${PARTS[@]}" | sha256sum | cut -d' ' -f1)" ] \
+    || { echo "gpu_stage: the joined parts of $NAME do not match the manifest" >&2; exit 2; }
+  mkdir -p "$DEST" && cat "${PARTS[@]}" | tar -C "$DEST" -xf - || exit 2
   echo "$whole" > "$DEST/.gpu_stage_$NAME"
   echo "gpu_stage: $NAME complete, unpacked into $DEST"
   ;;
