@@ -123,6 +123,17 @@ def took_part(ev, view, fed, benign, counts) -> dict:
                                            ("mean", "std", "worst10")}}
 
 
+def mixing_weights(state, benign) -> dict:
+    """APFL's final mixing weights ``alpha_k`` for the benign and the
+    malicious writers: how many sit at exactly 0 (the personal model is then
+    the global model), the median and the 90th percentile."""
+    alpha, good = np.asarray(state.clients.alpha), np.asarray(benign) > 0
+    return {name: {"writers": int(m.sum()), "zero": int((alpha[m] == 0).sum()),
+                   "median": float(np.median(alpha[m])),
+                   "q90": float(np.quantile(alpha[m], 0.9))}
+            for name, m in (("benign", good), ("malicious", ~good)) if m.any()}
+
+
 def splits_of(fed):
     return ("val", "test") if fed.val is not None else ("test",)
 
@@ -489,6 +500,8 @@ def main(argv=None):
                                                            views=(view,)),
                       "took_part": took_part(ev, view, fed, benign, counts),
                       "train_loss_chunk_mean": float(res.history[-1]["train/loss"]),
+                      **({"alpha": mixing_weights(state, benign)} if run == "apfl"
+                         else {}),
                       "train_wall_s": train_wall, "wall_s": wall,
                       "resumed": resumed})
         if ft_todo:

@@ -53,3 +53,18 @@ def test_each_configuration_checkpoints_in_its_own_folder():
     assert t2.run_folder("mapper", None, defaults) == "mapper"
     assert t2.run_folder("ditto_lam0.1", "lam=0.1", defaults) == "ditto_lam0.1"
     assert t2.ditto_run(1.0) == "ditto" and t2.ditto_run(0.1) == "ditto_lam0.1"
+
+
+def test_mixing_weights_splits_benign_and_malicious_writers():
+    from types import SimpleNamespace
+
+    import numpy as np
+    alpha = np.array([0.0, 0.0, 0.2, 0.0, 0.5, 0.7], np.float32)
+    state = SimpleNamespace(clients=SimpleNamespace(alpha=alpha))
+    benign = np.array([1, 1, 1, 0, 0, 0], np.float32)
+    out = t2.mixing_weights(state, benign)
+    assert out["benign"]["writers"] == 3 and out["benign"]["zero"] == 2
+    assert out["benign"]["median"] == 0.0
+    assert out["malicious"] == {"writers": 3, "zero": 1, "median": 0.5,
+                                "q90": pytest.approx(0.66)}
+    assert set(t2.mixing_weights(state, np.ones(6))) == {"benign"}
