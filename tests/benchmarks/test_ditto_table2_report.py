@@ -2,7 +2,9 @@
 skips, and a report never mixing validation splits."""
 
 import json
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from helpers import load_benchmark
 
@@ -56,9 +58,6 @@ def test_each_configuration_checkpoints_in_its_own_folder():
 
 
 def test_mixing_weights_splits_benign_and_malicious_writers():
-    from types import SimpleNamespace
-
-    import numpy as np
     alpha = np.array([0.0, 0.0, 0.2, 0.0, 0.5, 0.7], np.float32)
     state = SimpleNamespace(clients=SimpleNamespace(alpha=alpha))
     benign = np.array([1, 1, 1, 0, 0, 0], np.float32)
