@@ -17,7 +17,6 @@ One JSON record per measurement (``--out``); ``--report`` prints markdown tables
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -27,7 +26,7 @@ import jax.numpy as jnp
 from fedjax_pfl import aggregators as A
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from throughput import _meta, _timed, parse_or_report, write_jsonl
+from throughput import _meta, _timed, parse_or_report, read_jsonl, write_jsonl
 
 RULES = {  # name -> factory(f): f = assumed malicious clients in the cohort
     "mean": lambda f: A.mean(weighted=False),
@@ -98,8 +97,7 @@ def report(paths) -> str:
     """Markdown tables of JSON records written by ``--out``."""
     recs = []
     for path in paths:
-        with open(path) as fh:
-            recs.extend(map(json.loads, fh))
+        recs.extend(read_jsonl(path))
     agg = [r for r in recs if r["measure"] == "aggregate"]
     mor = [r for r in recs if r["measure"] == "moreau_solver"]
     lines = []

@@ -21,7 +21,6 @@ q-FFL's ``server/h`` and ``train/round_start_loss``).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -33,7 +32,7 @@ import fedjax_pfl as fp
 from fedjax_pfl import algorithms, models
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from throughput import _meta, parse_or_report, write_jsonl
+from throughput import _meta, parse_or_report, read_jsonl, write_jsonl
 
 METHODS = ("fedavg", "fedprox", "scaffold", "feddyn", "qffl", "afl", "pfedme")
 # Per-method hyperparameters (the papers' usual values for this dataset/model).
@@ -102,8 +101,7 @@ def run_one(method: str, seed: int, args) -> list[dict]:
 
 def report(path: str) -> str:
     """Markdown table: mean (sd over seeds) of each metric per method/view."""
-    with open(path) as fh:
-        recs = [json.loads(line) for line in fh]
+    recs = read_jsonl(path)
     groups: dict = {}
     for r in recs:
         key = (r["method"], r["view"], r["num_clients"], r["rounds"])

@@ -83,7 +83,9 @@ def measure(variant: str, steps: int, repeats: int) -> dict:
 
 
 def report(path: str) -> str:
-    rows = [json.loads(line) for line in open(path)]
+    from throughput import read_jsonl
+
+    rows = read_jsonl(path)
     base = {r["run_id"]: r["ms_per_step"] for r in rows if r["variant"] == "cores"}
     lines = ["| variant | ms per model-step | vs `cores` | git | date |",
              "|---|---|---|---|---|"]

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import sys
 
@@ -25,7 +24,7 @@ import jax.numpy as jnp
 from fedjax_pfl import models
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from throughput import _meta, _timed, parse_or_report, write_jsonl  # noqa: E402
+from throughput import _meta, _timed, parse_or_report, read_jsonl, write_jsonl  # noqa: E402
 
 
 class _CNN(nn.Module):  # models.DittoFMNISTCNN with a choice of convolution
@@ -46,11 +45,10 @@ def report(paths) -> str:
             "| map / unrolled |",
             "|---|---|---|---|---|"]
     for path in paths:
-        with open(path) as fh:
-            for r in map(json.loads, fh):
-                rows.append(f"| {r['clients']} x {r['batch']} | {r['conv']} | "
-                            f"{r['map_s']:.4f} | {r['unrolled_s']:.4f} | "
-                            f"**{r['map_s'] / r['unrolled_s']:.2f}** |")
+        for r in read_jsonl(path):
+            rows.append(f"| {r['clients']} x {r['batch']} | {r['conv']} | "
+                        f"{r['map_s']:.4f} | {r['unrolled_s']:.4f} | "
+                        f"**{r['map_s'] / r['unrolled_s']:.2f}** |")
     return "\n".join(rows)
 
 

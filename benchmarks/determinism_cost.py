@@ -34,7 +34,7 @@ from fedjax_pfl.core import EngineConfig, client_mesh, execution
 from fedjax_pfl.data import from_client_arrays
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from throughput import _meta, cpu_model, parse_or_report, write_jsonl
+from throughput import _meta, cpu_model, parse_or_report, read_jsonl, write_jsonl
 
 WORKLOADS = {
     "logreg": lambda: models.logistic_regression((784,), 10),
@@ -130,10 +130,7 @@ def measure(workload: str, devices: int, args) -> list[dict]:
 
 def report(path: str) -> str:
     """Markdown table of the records of ``--out``."""
-    import json
-
-    with open(path) as fh:
-        rows = [json.loads(line) for line in fh]
+    rows = read_jsonl(path)
     lines = ["| workload | params | clients | devices | deterministic | compile s | "
              "round s (median) | vs default | CPU s a round | vs default | "
              "bitwise across engines | git | date |",

@@ -28,13 +28,12 @@ import fedjax_pfl as fp
 from fedjax_pfl import algorithms, data, models
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from throughput import _meta, _timed, parse_or_report, write_jsonl
+from throughput import _meta, _timed, parse_or_report, read_jsonl, write_jsonl
 
 
 def report(path: str) -> str:
     """Markdown tables of the records of a ``--out`` file."""
-    with open(path) as fh:
-        recs = [json.loads(line) for line in fh]
+    recs = read_jsonl(path)
     lines = ["| model | clients | lambdas | rounds | sweep s (1 program) | separate s | "
              "separate / sweep | max abs diff of final accuracy |",
              "|---|---|---|---|---|---|---|---|"]

@@ -27,7 +27,6 @@ A1, A2 and A3), marked ``derived_from_clean_run``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -50,6 +49,7 @@ from throughput import (  # noqa: E402
     across_seeds,
     add_checkpoint_args,
     parse_or_report,
+    read_jsonl,
     write_jsonl,
 )
 
@@ -162,15 +162,14 @@ def report(path: str) -> str:
     paper's Table 9 (lambda = 1) and Table 1 (dynamic lambda); then the benign
     clients' accuracy by how many rounds they took part in, per seed."""
     last, groups = {}, {}
-    with open(path) as fh:
-        for r in map(json.loads, fh):
-            key = (r["run"], r["attack"], r["ratio"], r["lam_selection"], r["lam"],
-                   r.get("term_t"), r["seed"])
-            if "by_participation" in r:
-                groups[key] = (r["round"], r["by_participation"],
-                               r.get("stopped_early", False))
-            elif key not in last or r["round"] >= last[key]["round"]:
-                last[key] = r
+    for r in read_jsonl(path):
+        key = (r["run"], r["attack"], r["ratio"], r["lam_selection"], r["lam"],
+               r.get("term_t"), r["seed"])
+        if "by_participation" in r:
+            groups[key] = (r["round"], r["by_participation"],
+                           r.get("stopped_early", False))
+        elif key not in last or r["round"] >= last[key]["round"]:
+            last[key] = r
     runs = {}
     for key, r in sorted(last.items(), key=lambda kv: _sortable(kv[0])):
         runs.setdefault(key[:-1], []).append(r)
@@ -312,8 +311,7 @@ def main(argv=None):
             if not os.path.exists(path):
                 print(f"{run}: no history in {ckdir}")
                 continue
-            with open(path) as f:
-                rows = [json.loads(line) for line in f if line.strip()]
+            rows = read_jsonl(path)
             recs = [{**meta, **tag, "in_progress": True, **row} for row in rows]
             write_jsonl(args.out, recs)
             records += recs

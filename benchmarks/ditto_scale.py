@@ -53,7 +53,7 @@ from fedjax_pfl import algorithms, data, models
 from fedjax_pfl.core import _checkpoint, evaluate_state, simulate
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from throughput import _meta, cpu_model, parse_or_report, write_jsonl
+from throughput import _meta, cpu_model, parse_or_report, read_jsonl, write_jsonl
 
 PHASES = ("round", "eval", "checkpoint", "simulate")
 VARIANTS = {"round": ("after",), "eval": ("after", "before"),
@@ -486,10 +486,9 @@ def report(path: str) -> str:
     """Markdown tables of a ``--out`` file (the last record of each phase and
     variant)."""
     recs = {}
-    with open(path) as fh:
-        for r in map(json.loads, fh):
-            splits = tuple(r.get("splits") or ()) if r["phase"] == "eval" else ()
-            recs[(r["phase"], r["variant"], splits)] = r
+    for r in read_jsonl(path):
+        splits = tuple(r.get("splits") or ()) if r["phase"] == "eval" else ()
+        recs[(r["phase"], r["variant"], splits)] = r
     if not recs:
         return "(no records)"
     any_r = next(iter(recs.values()))

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import re
 import sys
@@ -48,6 +47,7 @@ from throughput import (
     across_seeds,
     add_checkpoint_args,
     parse_or_report,
+    read_jsonl,
     write_jsonl,
 )
 
@@ -208,8 +208,7 @@ def recorded(path, tag) -> set:
     ``tag``'s settings (what ``--resume`` skips)."""
     if not path or not os.path.exists(path):
         return set()
-    with open(path) as fh:
-        recs = [json.loads(line) for line in fh if line.strip()]
+    recs = read_jsonl(path)
     return {(r["row"], r.get("config")) for r in recs
             if all((val_split_of(r) if k == "val_split" else r.get(k)) == tag.get(k)
                    for k in SAME_RUN)}
@@ -239,8 +238,7 @@ def report(path: str) -> str:
     paper's numbers. The configuration is chosen by the benign devices' mean
     VALIDATION accuracy (averaged over seeds) when the records have it; records
     without a val split (older runs) are chosen on test and say so."""
-    with open(path) as fh:
-        recs = [json.loads(line) for line in fh]
+    recs = read_jsonl(path)
     splits = sorted({val_split_of(r) for r in recs if r.get("val_fraction")})
     if len(splits) > 1:
         raise ValueError(f"{path}: records with different validation rows "

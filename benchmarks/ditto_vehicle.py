@@ -28,7 +28,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from throughput import _meta, parse_or_report, write_jsonl  # noqa: E402
+from throughput import _meta, parse_or_report, read_jsonl, write_jsonl  # noqa: E402
 
 from fedjax_pfl import experiments  # noqa: E402
 
@@ -112,8 +112,7 @@ def _varied(r) -> set[str]:
 
 
 def report(path: str) -> str:
-    with open(path) as fh:
-        every = [json.loads(line) for line in fh]
+    every = read_jsonl(path)
     recs = [r for r in every if not _varied(r)]
     cols = list(COLUMNS)
     lines = ["| method | " + " | ".join(f"{c} (ours) | {c} (paper)" for c in cols)

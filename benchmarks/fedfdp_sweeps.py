@@ -20,7 +20,6 @@ the paper's FedAvgCNN).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -33,7 +32,7 @@ from fedjax_pfl import models, privacy
 from fedjax_pfl.experiments import _presets
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from throughput import _meta, parse_or_report, write_jsonl  # noqa: E402
+from throughput import _meta, parse_or_report, read_jsonl, write_jsonl  # noqa: E402
 
 DELTA = _presets.FEDFDP_DELTA
 MODELS = {  # by the data's image shape (28x28x1, or 32x32x3 for CIFAR-10)
@@ -67,17 +66,16 @@ def report(paths) -> str:
             "lambda | C | loss-bound floor | test acc % | Psi (test loss) |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for path in paths:
-        with open(path) as fh:
-            for r in map(json.loads, fh):
-                norm = r.get("normalize", "realized")  # older records: the paper's
-                accounted = r.get("accounted", norm == "expected")
-                eps = f"{r['epsilon']:.3f}" + ("" if accounted else ", not a bound")
-                rows.append(
-                    f"| {r['model']} | {r['rounds']} | {norm} | "
-                    f"{r.get('fair_clip', 'sign_preserving')} | {eps} | "
-                    f"{r['sweep']} | {r['value']:g} | {r['lam']:g} | {r['clip']:g} | "
-                    f"{r.get('loss_clip_floor', 0.0):g} | "
-                    f"{100 * r['accuracy']:.2f} | {r['psi']:.4g} |")
+        for r in read_jsonl(path):
+            norm = r.get("normalize", "realized")  # older records: the paper's
+            accounted = r.get("accounted", norm == "expected")
+            eps = f"{r['epsilon']:.3f}" + ("" if accounted else ", not a bound")
+            rows.append(
+                f"| {r['model']} | {r['rounds']} | {norm} | "
+                f"{r.get('fair_clip', 'sign_preserving')} | {eps} | "
+                f"{r['sweep']} | {r['value']:g} | {r['lam']:g} | {r['clip']:g} | "
+                f"{r.get('loss_clip_floor', 0.0):g} | "
+                f"{100 * r['accuracy']:.2f} | {r['psi']:.4g} |")
     return "\n".join(rows)
 
 

@@ -32,7 +32,6 @@ test losses, FedFDP eq. 6). Writes JSON lines (``--out``).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -50,6 +49,7 @@ from throughput import (  # noqa: E402
     _meta,
     add_checkpoint_args,
     parse_or_report,
+    read_jsonl,
     settings_hash,
     write_jsonl,
 )
@@ -130,10 +130,9 @@ def _variant(r) -> str:
 
 def report(path: str) -> str:
     last = {}
-    with open(path) as fh:
-        for r in map(json.loads, fh):
-            last[(r["dataset"], r["method"], r["seed"], r["round"],
-                  r.get("normalize", "realized"), _variant(r))] = r
+    for r in read_jsonl(path):
+        last[(r["dataset"], r["method"], r["seed"], r["round"],
+              r.get("normalize", "realized"), _variant(r))] = r
     lines = ["| dataset | method | rounds | normaliser | epsilon (delta 1e-5) | "
              "test acc % | Psi (test loss) | paper acc % | paper Psi | wall s |",
              "|---|---|---|---|---|---|---|---|---|---|"]

@@ -27,7 +27,6 @@ the number of parties), so FedProx's usual Synthetic(1, 1)
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -40,7 +39,7 @@ from fedjax_pfl import experiments
 from fedjax_pfl.experiments import _presets_fedplus as fig4
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from throughput import _meta, parse_or_report, write_jsonl
+from throughput import _meta, parse_or_report, read_jsonl, write_jsonl
 
 PRESET = "fedplus-fig4"
 DATASETS = fig4.FIG4_DATASETS
@@ -166,11 +165,6 @@ def _inert(preset, dataset, method, key) -> bool:
     return value is not None and value not in cond[1]
 
 
-def load(path: str) -> list[dict]:
-    with open(path) as fh:
-        return [json.loads(line) for line in fh if line.strip()]
-
-
 def curves(records: list[dict], key: str = "weighted",
            tag: str | None = None) -> dict:
     """``{(panel, method): (rounds, [seeds, rounds] values)}`` of the records
@@ -204,7 +198,7 @@ def report(path: str) -> str:
     """Markdown tables: final test accuracy (mean ± std over seeds, ddof 1) per
     method and :func:`panel` (tag, dataset, data settings), and the best Fed+
     variant against FedProx and against the best baseline."""
-    records = load(path)
+    records = read_jsonl(path)
     lines = []
     for pk in sorted({panel(r) for r in records}, key=panel_order):
         lines += _table(records, pk)
@@ -309,7 +303,7 @@ def plot(path: str, out: str, tag: str = "paper") -> list[str]:
 
     from fedjax_pfl import plots
 
-    records = load(path)
+    records = read_jsonl(path)
     cs = curves(records, "weighted", tag)
     panels = sorted({pk for pk, _ in cs}, key=panel_order)
     colors = plots.model_colors(NAMES[m] for m in METHODS)

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import sys
 import time
@@ -44,7 +43,7 @@ import fedjax_pfl as fp
 from fedjax_pfl.experiments import _presets
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from throughput import _meta, parse_or_report, write_jsonl
+from throughput import _meta, parse_or_report, read_jsonl, write_jsonl
 
 DATASETS = _presets.FEDPLUS_DATASETS
 METHODS = _presets.FEDPLUS_METHODS
@@ -194,11 +193,10 @@ def mean_shift_error(seed: int, spread: str = "variance",
 def report(path: str) -> str:
     """Markdown table (mean +- std over seeds, final round) next to Table 2."""
     last = {}
-    with open(path) as fh:
-        for r in map(json.loads, fh):
-            k = (r.get("tag", "paper"), r["dataset"], r["method"], r["seed"])
-            if k not in last or r["round"] >= last[k]["round"]:
-                last[k] = r
+    for r in read_jsonl(path):
+        k = (r.get("tag", "paper"), r["dataset"], r["method"], r["seed"])
+        if k not in last or r["round"] >= last[k]["round"]:
+            last[k] = r
     tags = sorted({k[0] for k in last}, key=lambda t: (t != "paper", t))
     lines = summary(last, tags)
     if {"paper", "batch-sum"} <= set(tags):

@@ -63,6 +63,7 @@ from throughput import (
     _meta,
     add_checkpoint_args,
     parse_or_report,
+    read_jsonl,
     settings_hash,
     write_jsonl,
 )
@@ -551,8 +552,7 @@ def _stop_text(rec) -> str:
 def report(path) -> str:
     """One table per setting (first-appearance order); a method run with
     several seeds shows mean +- std over them and its seed count."""
-    with open(path) as fh:
-        recs = [json.loads(line) for line in fh]
+    recs = read_jsonl(path)
     groups: dict = {}
     for r in recs:
         setting = tuple(json.dumps(_setting(r, k)) for k in SETTING)

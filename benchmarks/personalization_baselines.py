@@ -23,7 +23,6 @@ common defaults, NOT tuned per method.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -35,7 +34,7 @@ import fedjax_pfl as fp
 from fedjax_pfl import algorithms, data, models
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from throughput import _meta, cpu_model, parse_or_report, write_jsonl  # noqa: E402
+from throughput import _meta, cpu_model, parse_or_report, read_jsonl, write_jsonl  # noqa: E402
 
 METHODS = ("fedavg", "local", "ditto", "fedrep", "lg_fedavg")
 VIEW = {"fedavg": "global"}  # the others: "personal"
@@ -105,8 +104,7 @@ def run_one(method: str, seed: int, fed, dim: int, args) -> dict:
 
 def report(path: str) -> str:
     """Markdown table: mean +- std over seeds of each method's accuracies."""
-    with open(path) as fh:
-        recs = [json.loads(line) for line in fh]
+    recs = read_jsonl(path)
     groups: dict = {}
     for r in recs:
         groups.setdefault((r["method"], r["view"]), []).append(r)

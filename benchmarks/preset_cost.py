@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from throughput import _meta, cpu_model, parse_or_report, write_jsonl  # noqa: E402
+from throughput import _meta, cpu_model, parse_or_report, read_jsonl, write_jsonl  # noqa: E402
 
 from fedjax_pfl.experiments import PRESETS, get_preset  # noqa: E402
 from fedjax_pfl.experiments._run import COSTS_FILE  # noqa: E402
@@ -59,11 +59,10 @@ def measure(preset: str, sets: list[str]) -> dict:
 def _latest(path: str, cores: int | None = None) -> dict[str, dict]:
     """The newest successful default-settings record of each preset."""
     recs = {}
-    with open(path) as fh:
-        for r in map(json.loads, fh):
-            if r["returncode"] == 0 and not r["sets"] and (
-                    cores is None or r["cpu_count"] == cores):
-                recs[r["preset"]] = r
+    for r in read_jsonl(path):
+        if r["returncode"] == 0 and not r["sets"] and (
+                cores is None or r["cpu_count"] == cores):
+            recs[r["preset"]] = r
     return recs
 
 

@@ -51,7 +51,7 @@ from fedjax_pfl import data as fdata
 from fedjax_pfl.core import EngineConfig, execution
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from throughput import _meta, cpu_model, parse_or_report, write_jsonl
+from throughput import _meta, cpu_model, parse_or_report, read_jsonl, write_jsonl
 
 MECHANISMS = ("honest", "noise_off", "clip_off")
 
@@ -188,10 +188,7 @@ SCORES = {"local_dp_sgd": local_dp_sgd_scores,
 
 def report(path: str) -> str:
     """Markdown table of the records of ``--out``."""
-    import json
-
-    with open(path) as fh:
-        rows = [json.loads(line) for line in fh]
+    rows = read_jsonl(path)
     lines = ["| audit | noise multiplier | mechanism | accountant eps | audited eps "
              "(95 %) | max shown | threshold | TPR | FPR | above accountant |",
              "|---|---|---|---|---|---|---|---|---|---|"]

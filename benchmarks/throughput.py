@@ -176,6 +176,13 @@ def settings_hash(settings: dict, length: int) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:length]
 
 
+def read_jsonl(path: str) -> list[dict]:
+    """The records of a JSON-lines file (blank lines skipped), as ``write_jsonl``
+    writes them."""
+    with open(path) as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
 def write_jsonl(path: str | None, records) -> None:
     """Appends one JSON line per record to ``path`` (nothing if ``None``)."""
     if path:
@@ -218,13 +225,12 @@ def report(paths) -> str:
     lines = ["| model | clients | local steps | variant | compile s | round s | "
              "rounds/s | client-steps/s | vs loop |", "|---|---|---|---|---|---|---|---|---|"]
     for path in paths:
-        with open(path) as fh:
-            for r in map(json.loads, fh):
-                lines.append(
-                    f"| {r['model']} | {r['clients']} | {r['steps']} | {r['variant']} | "
-                    f"{r['compile_s']:.2f} | {r['round_s']:.4f} | "
-                    f"{r['rounds_per_s']:.2f} | {r['client_steps_per_s']:.0f} | "
-                    f"**{r['speedup_vs_loop']:.2f}** |")
+        for r in read_jsonl(path):
+            lines.append(
+                f"| {r['model']} | {r['clients']} | {r['steps']} | {r['variant']} | "
+                f"{r['compile_s']:.2f} | {r['round_s']:.4f} | "
+                f"{r['rounds_per_s']:.2f} | {r['client_steps_per_s']:.0f} | "
+                f"**{r['speedup_vs_loop']:.2f}** |")
     return "\n".join(lines)
 
 

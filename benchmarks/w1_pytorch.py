@@ -44,7 +44,7 @@ from fedjax_pfl import algorithms, data, evaluate_state, models
 from fedjax_pfl.core import EngineConfig, client_mesh, execution
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from throughput import _meta, cpu_model, parse_or_report, write_jsonl
+from throughput import _meta, cpu_model, parse_or_report, read_jsonl, write_jsonl
 
 try:
     import torch
@@ -363,9 +363,8 @@ def report(path: str) -> str:
     """Markdown table of a ``--out`` file: one row per implementation and run,
     then ``torch / fedjax`` for runs that have both."""
     runs: dict[str, dict] = {}
-    with open(path) as fh:
-        for r in map(json.loads, fh):
-            runs.setdefault(r["run_id"], {})[r["impl"]] = r
+    for r in read_jsonl(path):
+        runs.setdefault(r["run_id"], {})[r["impl"]] = r
     lines = [("| run (git) | impl | devices | clients | rounds | compile s | "
               "train round s | round + eval s | global acc | personal acc |"),
              "|---|---|---|---|---|---|---|---|---|---|"]
