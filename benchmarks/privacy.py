@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import pathlib
 import time
 
@@ -90,14 +89,14 @@ def report(paths) -> str:
     rows = ["| model | clients | variant | compile s | step s | vs plain "
             "| planned MiB |",
             "|---|---|---|---|---|---|---|"]
+    read_jsonl = _load_throughput().read_jsonl
     for path in paths:
-        with open(path) as fh:
-            for r in map(json.loads, fh):
-                if "planned_mib" in r:  # records from before the memory column: skip
-                    rows.append(
-                        f"| {r['model']} | {r['clients']} | {r['variant']} | "
-                        f"{r['compile_s']:.2f} | {r['step_s']:.4f} | "
-                        f"**{r['vs_plain']:.2f}** | {r['planned_mib']:.0f} |")
+        for r in read_jsonl(path):
+            if "planned_mib" in r:  # records from before the memory column: skip
+                rows.append(
+                    f"| {r['model']} | {r['clients']} | {r['variant']} | "
+                    f"{r['compile_s']:.2f} | {r['step_s']:.4f} | "
+                    f"**{r['vs_plain']:.2f}** | {r['planned_mib']:.0f} |")
     return "\n".join(rows)
 
 
