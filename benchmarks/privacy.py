@@ -18,6 +18,7 @@ all clients are part of it.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import pathlib
 import time
@@ -30,6 +31,7 @@ from fedjax_pfl import models, privacy
 from fedjax_pfl.core import default_strategy, lift
 
 
+@functools.cache  # one module for main() and report()
 def _load_throughput():
     spec = importlib.util.spec_from_file_location(
         "throughput", pathlib.Path(__file__).with_name("throughput.py"))

@@ -18,4 +18,3 @@ def test_read_jsonl_returns_what_write_jsonl_appended(tmp_path):
     tp.write_jsonl(path, [{"method": "apfl"}])
     assert tp.read_jsonl(path) == first + [{"method": "local", "acc": None},
                                            {"method": "apfl"}]
-
