@@ -103,11 +103,11 @@ DEFAULTS = {
            "batch_size": 50, "lr": 1.47, "lr_decay": 0.992},
 }
 # what makes two records the same setting (the report averages their seeds)
-SETTING = ("data", "model", "scheme", "num_clients", "cohort_size", "attack_ratio",
-           "hidden", "lstm_hidden", "params", "rounds", "lr", "lr_decay", "epochs",
-           "steps", "batch_size", "clip", "noise_std", "eps", "r_prime", "tail",
-           "test_cap", "fb_steps", "fb_lr", "v_init", "stop", "stop_streak",
-           "attacks_until")
+SETTING = ("data", "model", "scheme", "class_sigma", "num_clients", "cohort_size",
+           "attack_ratio", "hidden", "lstm_hidden", "params", "rounds", "lr",
+           "lr_decay", "epochs", "steps", "batch_size", "clip", "noise_std", "eps",
+           "r_prime", "tail", "test_cap", "fb_steps", "fb_lr", "v_init", "stop",
+           "stop_streak", "attacks_until")
 # the detector's inputs, recorded every round (the operating characteristic is
 # computed from them: benchmarks/lindt_detector.py)
 SERIES = ("nfl/delta", "nfl/w_div", "nfl/noise_norm", "server/update_norm",
@@ -120,7 +120,8 @@ def load(args, poison=True):
     """(FederatedData, malicious mask, input dim or sequence length)."""
     return _lindt.lindt_data(args.data, args.num_clients, args.attack_ratio,
                              args.seed, args.scheme, test_cap=args.test_cap,
-                             poison=poison, image_size=_lindt.IMAGE_SIZE[args.model])
+                             poison=poison, image_size=_lindt.IMAGE_SIZE[args.model],
+                             class_sigma=args.class_sigma)
 
 
 def dual_model(args, dim):
@@ -167,6 +168,8 @@ def cached_private_accuracy(dual, fd, key, args):
         cfg = {k: getattr(args, k) for k in PRIVATE_KEYS}
         if args.model != "mlp":  # so that the MLP's earlier caches keep their names
             cfg["model"] = args.model
+        if args.class_sigma:  # likewise for the balanced allocation's caches
+            cfg["class_sigma"] = args.class_sigma
         path = os.path.join(args.private_cache,
                             f"private_{settings_hash(cfg, 16)}.npy")
         if os.path.exists(path):
@@ -321,6 +324,9 @@ def main(argv=None):
                    default="cifar10")
     p.add_argument("--scheme", default=None,
                    help="CIFAR allocation (default mixed); Shakespeare: by_role")
+    p.add_argument("--class-sigma", type=float, default=0.0,
+                   help="CIFAR: log-normal sigma of each client's class "
+                   "proportions (0: its classes balanced, the default)")
     p.add_argument("--num-clients", type=int, default=None,
                    help="default: 100 (CIFAR), every role with >= 10,000 "
                         "datapoints (Shakespeare)")
@@ -415,7 +421,7 @@ def main(argv=None):
     private_acc, cache = cached_private_accuracy(dual, fd, key, args)
     benign = ~mal
     meta = dict(_meta(), bench="lindt_nfl", data=args.data, model=args.model,
-                scheme=args.scheme,
+                scheme=args.scheme, class_sigma=args.class_sigma,
                 num_clients=args.num_clients, cohort_size=args.cohort_size,
                 attack_ratio=args.attack_ratio, params=d, rounds=args.rounds,
                 lr=args.lr, lr_decay=args.lr_decay, epochs=args.epochs,
@@ -514,7 +520,8 @@ def plot(curves, args, meta, path):
 # settings recorded only from 2026-11-26 on; older records ran these defaults
 LEGACY = {"model": "mlp", "epochs": 1.0, "steps": 50, "batch_size": 10,
           "fb_steps": 100, "fb_lr": 0.01, "v_init": "random", "stop": "never",
-          "stop_streak": metrics.STOP_STREAK, "attacks_until": None}
+          "stop_streak": metrics.STOP_STREAK, "attacks_until": None,
+          "class_sigma": 0.0}
 
 
 def _setting(rec, key):
@@ -565,7 +572,10 @@ def report(path) -> str:
         paper = PAPER.get(("cifar10" if data == "synthetic" else data, env), {})
         if len(groups) > 1:
             fb = {k: _setting(first, k) for k in ("fb_steps", "fb_lr", "v_init")}
-            out.append(f"**{data}, {env}** ({first['scheme']}, attackers "
+            skew = _setting(first, "class_sigma")
+            out.append(f"**{data}, {env}** ({first['scheme']}"
+                       + (f", class proportions log-normal sigma {skew:g}" if skew
+                          else "") + ", attackers "
                        f"{first['attack_ratio']:g}, {model_name(first)}, "
                        f"{first['rounds']} rounds, "
                        f"lr {first['lr']:g} x {first['lr_decay']:g} a round, noise "

@@ -318,6 +318,7 @@ def class_subset_lognormal_indices(
     *,
     num_classes: int | None = None,
     sigma: float = 1.0,
+    class_sigma: float = 0.0,
     seed: int = 0,
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Label skew with log-normal client sizes; train and test alike per client.
@@ -325,7 +326,10 @@ def class_subset_lognormal_indices(
     Client ``i`` holds ``k_i = classes_per_client[i]`` consecutive classes
     ``(s_i + j) mod C``, with starts ``s_i = perm(N)_i mod C`` (so every class is
     held about equally often), and a target size ``t_i ~ LogNormal(0, sigma)``
-    spread evenly over its classes. Each class's train rows (shuffled) are then
+    spread over its classes evenly (``class_sigma=0``, the default) or in
+    proportions ``LogNormal(0, class_sigma)`` drawn per (client, class) and
+    normalised, so that a client's classes are unbalanced (larger
+    ``class_sigma``: a larger majority class). Each class's train rows (shuffled) are then
     shared among its holders in proportion to ``t_i / k_i`` (largest-remainder
     rounding; a holder rounded to 0 takes one row from the largest, so client
     ``i`` holds exactly ``k_i`` classes), so all rows are used exactly once. The
@@ -351,6 +355,7 @@ def class_subset_lognormal_indices(
             f"{ks.min()}..{ks.max()}"
         )
     check_nonnegative("sigma", sigma)
+    check_nonnegative("class_sigma", class_sigma)
     rng = np.random.default_rng(seed)
     n_clients = len(ks)
     starts = rng.permutation(n_clients) % num_classes
@@ -358,7 +363,11 @@ def class_subset_lognormal_indices(
     holds = np.zeros((n_clients, num_classes), bool)
     for i in range(n_clients):
         holds[i, (starts[i] + np.arange(ks[i])) % num_classes] = True
-    weight = np.where(holds, (target / ks)[:, None], 0.0)
+    if class_sigma > 0:  # drawn only then: class_sigma=0 keeps the old splits
+        prop = np.where(holds, rng.lognormal(0.0, class_sigma, holds.shape), 0.0)
+        weight = target[:, None] * prop / prop.sum(1, keepdims=True)
+    else:
+        weight = np.where(holds, (target / ks)[:, None], 0.0)
 
     def share(labels, at_least_one):
         parts: list[list[np.ndarray]] = [[] for _ in range(n_clients)]

@@ -37,7 +37,8 @@ DEPLOYED = {"fb": "fb", "apfl": "personal", "lindt": "personal", "lindt_tm": "pe
 
 def lindt_data(source: str, num_clients: int | None, attack_ratio: float, seed: int,
                scheme: str = "mixed", *, test_cap: int | None = None,
-               poison: bool = True, image_size: int = 16):
+               poison: bool = True, image_size: int = 16,
+               class_sigma: float = 0.0):
     """``(FederatedData, malicious mask, input dim)``: CIFAR-10 at
     ``image_size`` (16: each 2x2 block averaged, for the MLP; 32: the paper's
     images, for its CNN), flattened and standardized per input (or a 10-class
@@ -45,7 +46,7 @@ def lindt_data(source: str, num_clients: int | None, attack_ratio: float, seed: 
     backdoor on the malicious clients; or ``shakespeare``
     (:func:`shakespeare_data`; ``scheme`` must be ``by_role``).
     ``poison=False``: the same clients and mask, no backdoor (the federation
-    after its attackers stop)."""
+    after its attackers stop). ``class_sigma``: see :func:`data.lindt_cifar`."""
     check_choice("image_size", image_size, (16, 32))
     if source == "shakespeare":
         if scheme != "by_role":
@@ -76,7 +77,7 @@ def lindt_data(source: str, num_clients: int | None, attack_ratio: float, seed: 
         x_tr = means[y_tr] + 1.5 * rng.normal(size=(len(y_tr), 16)).astype(np.float32)
         x_te = means[y_te] + 1.5 * rng.normal(size=(len(y_te), 16)).astype(np.float32)
     fd = data.lindt_cifar(x_tr, y_tr, x_te, y_te, scheme, num_clients=num_clients,
-                          seed=seed)
+                          class_sigma=class_sigma, seed=seed)
     mal = attacks.malicious_clients(num_clients, attack_ratio, seed)
     if attack_ratio > 0 and poison:
         fd = attacks.semantic_backdoor(fd, mal, seed=seed)
