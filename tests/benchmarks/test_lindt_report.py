@@ -120,3 +120,50 @@ def test_image_size_is_checked_before_loading(monkeypatch):
     monkeypatch.setattr(data, "load_cifar10", lambda **k: pytest.fail("loaded"))
     with pytest.raises(ValueError, match="image_size: must be one of"):
         lindt.lindt_data("cifar10", 10, 0.2, 0, image_size=24)
+
+
+def test_lindt_nfl_class_sigma_is_a_setting_of_its_own(tmp_path):
+    path = tmp_path / "r.jsonl"
+    recs = [_rec(0, "fedavg", -3.0),  # older records ran balanced classes (0)
+            _rec(1, "fedavg", 1.0, class_sigma=0.0),
+            _rec(0, "fedavg", -5.0, class_sigma=1.5)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    blocks = ln.report(str(path)).split("\n\n")
+    assert len(blocks) == 4
+    assert "class proportions" not in blocks[0]
+    assert "(mixed, class proportions log-normal sigma 1.5, attackers" in blocks[2]
+    assert "| FedAvg (2 seeds) |" in blocks[1] and "| FedAvg | " in blocks[3]
+
+
+def test_lindt_private_groups_and_report(tmp_path):
+    lp = load_benchmark("lindt_private")
+    from fedjax_pfl import data as fdata
+
+    # 4 clients: two with 10 classes (one skewed), one with 5, one attacker
+    ys = [np.arange(20) % 10, np.r_[np.zeros(16, int), np.arange(1, 5)],
+          np.arange(10) % 5, np.zeros(6, int)]
+    fd = fdata.from_client_arrays(
+        [(np.zeros((len(y), 1), np.float32), y) for y in ys])
+    ks = np.array([10, 10, 5, 2])
+    benign = np.array([True, True, True, False])
+    acc = np.array([0.3, 0.8, 0.6, 0.99])
+    g = lp.group_stats(fd, ks, benign, acc)
+    assert list(g) == ["10", "5"]  # the attacker's group has no benign client
+    assert g["10"]["clients"] == 2 and g["10"]["private_acc"] == pytest.approx(55.0)
+    assert g["10"]["majority_share"] == pytest.approx(100 * (0.1 + 0.8) / 2)
+    assert g["5"]["train_mean"] == 10 and g["5"]["train_std"] == 0
+    rec = {"model": "cnn", "hidden": None, "scheme": "mixed", "class_sigma": 1.5,
+           "attack_ratio": 0.2, "private_rounds": 20, "private_steps": 50,
+           "lr": 0.1, "batch_size": 10, "seed": 0, "private_acc_benign": 56.67,
+           "groups": g}
+    iid = dict(rec, scheme="iid", class_sigma=0.0, groups={"10": g["10"]})
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in (rec, iid)))
+    rows = lp.report(str(path)).splitlines()
+    assert rows[2] == ("| CNN 32x32, mixed, class sigma 1.5, attackers 0.2, 20 x 50 "
+                       "steps at lr 0.1, batch 10, seed 0 | 56.67 (74.02) | "
+                       "55.00 (65.23) | 60.00 (76.49) | - | 45 / 20 / - |")
+    # IID has its own paper value, not the non-IID(10) one
+    assert rows[3].startswith("| CNN 32x32, iid, class sigma 0, attackers 0.2, "
+                              "20 x 50 steps at lr 0.1, batch 10, seed 0 | 56.67 "
+                              "(43.76) | 55.00 (-) | - | - |")

@@ -238,6 +238,46 @@ def test_lindt_non_iid_classes_and_size_spread(scheme):
     assert abs(np.median(stds) / _LINDT_TABLE8_STD[scheme] - 1) < 0.15
 
 
+def test_lindt_class_sigma_unbalances_classes_and_keeps_the_rest():
+    x_tr, y_tr, x_te, y_te = _cifar_like(per_class=(5000, 1000))  # CIFAR-10 sizes
+    ks = fdata.lindt_classes_per_client("mixed", 100)
+
+    def per_client(d):
+        cut = np.cumsum(np.asarray(d.train.counts))[:-1]
+        cut_te = np.cumsum(np.asarray(d.test.counts))[:-1]
+        return (np.split(np.asarray(d.train.y), cut),
+                np.split(np.asarray(d.test.y), cut_te))
+
+    even = fdata.lindt_cifar(x_tr, y_tr, x_te, y_te, "mixed", seed=0)
+    zero = fdata.lindt_cifar(x_tr, y_tr, x_te, y_te, "mixed", class_sigma=0.0,
+                             seed=0)
+    np.testing.assert_array_equal(np.asarray(zero.train.x), np.asarray(even.train.x))
+    skew = fdata.lindt_cifar(x_tr, y_tr, x_te, y_te, "mixed", class_sigma=2.0,
+                             seed=0)
+    # every row still used once, every client still holds exactly k_i classes
+    np.testing.assert_array_equal(np.sort(np.asarray(skew.train.x)[:, 0]),
+                                  np.arange(len(y_tr)))
+    np.testing.assert_array_equal(np.sort(-np.asarray(skew.test.x)[:, 0]),
+                                  np.arange(len(y_te)))
+    (tr_even, _), (tr_skew, te_skew) = per_client(even), per_client(skew)
+    assert [len(np.unique(y)) for y in tr_skew] == ks.tolist()
+
+    def majority(ys):
+        return np.array([np.bincount(y).max() / len(y) for y in ys])
+
+    # the 10-class clients' majority class: about 1/10 balanced, about half
+    # with log-normal(0, 2) proportions
+    assert majority(tr_even)[ks == 10].mean() < 0.15
+    assert majority(tr_skew)[ks == 10].mean() > 0.35
+    assert np.all(majority(tr_skew)[ks == 2] >= 0.5)
+    # train and test follow the same proportions (big clients: rounding aside)
+    for ytr, yte in zip(tr_skew, te_skew):
+        if len(ytr) > 1000:
+            np.testing.assert_allclose(np.bincount(yte, minlength=10) / len(yte),
+                                       np.bincount(ytr, minlength=10) / len(ytr),
+                                       atol=0.03)
+
+
 def test_lindt_iid_equal_sizes():
     x_tr, y_tr, x_te, y_te = _cifar_like()
     d = fdata.lindt_cifar(x_tr, y_tr, x_te, y_te, "iid", num_clients=10)
@@ -245,6 +285,8 @@ def test_lindt_iid_equal_sizes():
     assert set(np.asarray(d.test.counts).tolist()) == {100}
     with pytest.raises(ValueError, match="scheme"):
         fdata.lindt_cifar(x_tr, y_tr, x_te, y_te, "non_iid_3")
+    with pytest.raises(ValueError, match="class_sigma: the iid scheme"):
+        fdata.lindt_cifar(x_tr, y_tr, x_te, y_te, "iid", class_sigma=1.0)
 
 
 # ------------------------------------------------------------------------- Fed+
@@ -399,6 +441,8 @@ def test_partitioners_are_deterministic(name):
      "sigma: must be non-negative"),
     (lambda y: fdata.class_subset_lognormal_indices(y, y, [2, 3], sigma="1"),
      "sigma: must be a number"),
+    (lambda y: fdata.class_subset_lognormal_indices(y, y, [2, 3], class_sigma=-0.5),
+     "class_sigma: must be non-negative"),
     (lambda y: fdata.lindt_classes_per_client("mixed", 0), "num_clients"),
     (lambda y: fdata.lindt_classes_per_client(None), "scheme: must be one of"),
     (lambda y: fdata.fedprox_synthetic(-1.0), "alpha: must be non-negative"),
