@@ -51,6 +51,8 @@ def group_stats(fd, ks, benign, acc) -> dict:
         fd.train.y, fd.train.offsets, fd.train.counts))
     for k in sorted(set(ks.tolist()), reverse=True):
         idx = np.where((ks == k) & benign)[0]
+        if not len(idx):
+            continue
         ys = [y[offsets[i]:offsets[i] + counts[i]] for i in idx]
         major = [np.bincount(y).max() / len(y) for y in ys if len(y)]
         sizes = np.array([len(y) for y in ys], float)
