@@ -195,7 +195,8 @@ def _cnn_settings(cfg):
 
 def _lindt(cfg):
     fd, mal, dim = lindt_data(cfg["data"], cfg["clients"], cfg["attack_ratio"],
-                              cfg["seed"], image_size=IMAGE_SIZE[cfg["model"]])
+                              cfg["seed"], image_size=IMAGE_SIZE[cfg["model"]],
+                              class_sigma=cfg["class_sigma"])
     dual = cifar_dual(cfg["model"], dim, (int(h) for h in cfg["hidden"].split(",")))
     noise = lindt_noise_std(dual, cfg["noise_std"] or None)
     m = cfg["method"]
@@ -241,6 +242,8 @@ _register(Preset(
                  choices=("cifar10", "synthetic")),
      "method": Key("lindt", "Table 3 method", choices=LINDT_METHODS),
      "clients": Key(100, "number of clients", low=2),
+     "class_sigma": Key(0.0, "log-normal sigma of each client's class proportions "
+                        "(0: a client's classes balanced)", low=0.0),
      "cohort_size": Key(10, "clients a round (10 %)", low=1),
      "attack_ratio": Key(0.2, "fraction of backdoor attackers", low=0.0, high=1.0,
                          high_open=True),

@@ -162,7 +162,8 @@ def test_lindt_preset_reports_gain_and_delta(tmp_path):
     res = experiments.run_preset(
         "lindt-table3", {"data": "synthetic", "clients": "10", "cohort_size": "2",
                          "rounds": "4", "eval_every": "2", "private_rounds": "1",
-                         "private_steps": "2", "hidden": "8", "r_prime": "1"},
+                         "private_steps": "2", "hidden": "8", "r_prime": "1",
+                         "class_sigma": "1.5"},
         out=tmp_path, progress=False, plots="png")  # the suite's default is none
     rows = _rows(tmp_path / "history.jsonl")
     assert [r["round"] for r in rows] == [0, 2, 4]
@@ -421,4 +422,6 @@ def test_lindt_cnn_needs_cifar_and_takes_no_hidden(tmp_path):
     _fails_before_any_file(tmp_path, {"model": "cnn", "hidden": "64",
                                       "noise_std": "0"},
                            "hidden: has no effect unless model is mlp",
+                           name="lindt-table3")
+    _fails_before_any_file(tmp_path, {"class_sigma": "-1"}, "class_sigma: ",
                            name="lindt-table3")
