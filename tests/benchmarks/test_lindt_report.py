@@ -157,8 +157,9 @@ def test_lindt_private_groups_and_report(tmp_path):
            "lr": 0.1, "batch_size": 10, "seed": 0, "private_acc_benign": 56.67,
            "groups": g}
     iid = dict(rec, scheme="iid", class_sigma=0.0, groups={"10": g["10"]})
+    normal = dict(rec, attack_ratio=0.0)
     path = tmp_path / "p.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in (rec, iid)))
+    path.write_text("".join(json.dumps(r) + "\n" for r in (rec, iid, normal)))
     rows = lp.report(str(path)).splitlines()
     assert rows[2] == ("| CNN 32x32, mixed, class sigma 1.5, attackers 0.2, 20 x 50 "
                        "steps at lr 0.1, batch 10, seed 0 | 56.67 (74.02) | "
@@ -167,3 +168,6 @@ def test_lindt_private_groups_and_report(tmp_path):
     assert rows[3].startswith("| CNN 32x32, iid, class sigma 0, attackers 0.2, "
                               "20 x 50 steps at lr 0.1, batch 10, seed 0 | 56.67 "
                               "(43.76) | 55.00 (-) | - | - |")
+    # the paper's private mean moves with the attacker share (benign averages)
+    assert "attackers 0, 20 x 50 steps at lr 0.1, batch 10, seed 0 | 56.67 (72.64)" \
+        in rows[4]
