@@ -71,18 +71,32 @@ def attach(local: jax.Array, glob: jax.Array, *, variant: str = "paper",
     flattened representation. ``variant='cosine'`` (NOT the paper) uses
     ``<L, G> / (||L|| ||G||)`` instead of the unbounded scalar projection.
     """
+    if variant not in SCORE_VARIANTS:
+        raise ValueError(f"score_variant: must be one of {SCORE_VARIANTS}, got "
+                         f"{variant!r}")
     lf = local.reshape(local.shape[0], -1)
     gf = glob.reshape(glob.shape[0], -1)
     dot = jnp.sum(lf * gf, axis=1)
-    den = jnp.maximum(jnp.linalg.norm(lf, axis=1), eps)
+    lnorm, live = _safe_norm(lf, eps)
+    den = lnorm
     if variant == "cosine":
-        den = den * jnp.maximum(jnp.linalg.norm(gf, axis=1), eps)
-    elif variant != "paper":
-        raise ValueError(f"score_variant: must be one of {SCORE_VARIANTS}, got "
-                         f"{variant!r}")
-    score = jax.nn.sigmoid(dot / den)
+        gnorm, glive = _safe_norm(gf, eps)
+        den, live = den * gnorm, live & glive
+    # a sample whose representation has norm <= eps (a local layer with every
+    # ReLU off) scores sigmoid(0) = 0.5 with no gradient through the score:
+    # <L, G> / ||L|| has no limit at L = 0, and the norm's gradient there is
+    # 0 / 0 (NaN), which would poison both models
+    score = jax.nn.sigmoid(jnp.where(live, dot / den, 0.0))
     s = score.reshape((-1,) + (1,) * (local.ndim - 1)).astype(local.dtype)
     return s * glob + (1 - s) * local, score
+
+
+def _safe_norm(x: jax.Array, eps: float) -> tuple[jax.Array, jax.Array]:
+    """Row norms of ``[B, D]`` and where they exceed ``eps``; 1 elsewhere, so
+    that the gradient is finite (and zero) at a zero row."""
+    sq = jnp.sum(x * x, axis=1)
+    live = sq > eps * eps
+    return jnp.sqrt(jnp.where(live, sq, 1.0)), live
 
 
 def dual_apply(dual: DualModel, w, v, x, *, variant: str = "paper",

@@ -63,6 +63,39 @@ def test_attach_hand_values():
         algorithms.attach(L, G, variant="dot")
 
 
+@pytest.mark.parametrize("variant", ["paper", "cosine"])
+def test_attach_gradient_is_finite_at_a_zero_representation(variant):
+    """A sample whose local map is all zero (every ReLU off) once made the
+    gradient NaN (the norm's 0 / 0) and so both models NaN after one step (the
+    LINDT CNN on unbalanced clients at lr 0.1). Now it scores 0.5 with no
+    gradient through the score; other samples keep the formula's gradient."""
+    L = jnp.array([[0.0, 0.0], [1.0, 0.0]])
+    G = jnp.array([[2.0, 2.0], [2.0, 2.0]])
+
+    def total(local, glob):
+        return jnp.sum(algorithms.attach(local, glob, variant=variant)[0])
+
+    dl, dg = jax.grad(total, argnums=(0, 1))(L, G)
+    assert np.all(np.isfinite(dl)) and np.all(np.isfinite(dg))
+    # the zero sample: h = (G + L) / 2, so dh/dL = dh/dG = 1/2
+    np.testing.assert_allclose(dl[0], [0.5, 0.5]) and np.testing.assert_allclose(
+        dg[0], [0.5, 0.5])
+
+    def ref(local, glob):  # the formula itself, well defined away from zero
+        lf, gf = local[1:], glob[1:]
+        den = jnp.linalg.norm(lf, axis=1) * (
+            jnp.linalg.norm(gf, axis=1) if variant == "cosine" else 1.0)
+        s = jax.nn.sigmoid(jnp.sum(lf * gf, 1) / den)[:, None]
+        return jnp.sum(s * gf + (1 - s) * lf)
+
+    rl, rg = jax.grad(ref, argnums=(0, 1))(L, G)
+    np.testing.assert_allclose(dl[1], rl[1], rtol=1e-6)
+    np.testing.assert_allclose(dg[1], rg[1], rtol=1e-6)
+    if variant == "cosine":  # and a zero global map too
+        dl, dg = jax.grad(total, argnums=(0, 1))(G, jnp.zeros_like(G))
+        assert np.all(np.isfinite(dl)) and np.all(np.isfinite(dg))
+
+
 def test_score_extremes_reduce_to_global_or_local():
     """score == 1: local layer m+1 reads G^m; score == 0: the pure local model."""
     def lin(name):
