@@ -107,7 +107,7 @@ SETTING = ("data", "model", "scheme", "class_sigma", "num_clients", "cohort_size
            "attack_ratio", "hidden", "lstm_hidden", "params", "rounds", "lr",
            "lr_decay", "epochs", "steps", "batch_size", "clip", "noise_std", "eps",
            "r_prime", "tail", "test_cap", "fb_steps", "fb_lr", "v_init", "stop",
-           "stop_streak", "attacks_until")
+           "stop_streak", "attacks_until", "grad_clip")
 # the detector's inputs, recorded every round (the operating characteristic is
 # computed from them: benchmarks/lindt_detector.py)
 SERIES = ("nfl/delta", "nfl/w_div", "nfl/noise_norm", "server/update_norm",
@@ -148,7 +148,8 @@ def build(method, dual, args, mal, noise_std):
         noise_std=noise_std, trim=args.trim, eps=args.eps, r_prime=args.r_prime,
         fb_steps=args.fb_steps, fb_lr=args.fb_lr,
         local_epochs=args.epochs or None, batch_size=args.batch_size,
-        v_init=args.v_init, stop=args.stop, stop_streak=args.stop_streak)
+        v_init=args.v_init, stop=args.stop, stop_streak=args.stop_streak,
+        grad_clip=args.grad_clip)
 
 
 # the settings that fix the private models (and so beta's baseline)
@@ -375,6 +376,9 @@ def main(argv=None):
     p.add_argument("--attacks-until", type=int, default=None,
                    help="the attackers turn honest after this round (clean data, "
                         "benign steps; App. C.7); default: never")
+    p.add_argument("--grad-clip", type=float, default=None,
+                   help="per-step gradient norm bound of FedAvg / FB / TM / LINDT / "
+                   "LINDT-TM (the paper's models: 5); default none")
     p.add_argument("--fb-steps", type=int, default=100)
     p.add_argument("--fb-lr", type=float, default=0.01)
     p.add_argument("--private-rounds", type=int, default=20)
@@ -427,7 +431,7 @@ def main(argv=None):
                 lr=args.lr, lr_decay=args.lr_decay, epochs=args.epochs,
                 steps=args.steps, batch_size=args.batch_size, fb_steps=args.fb_steps,
                 v_init=args.v_init, stop=args.stop, stop_streak=args.stop_streak,
-                attacks_until=args.attacks_until,
+                attacks_until=args.attacks_until, grad_clip=args.grad_clip,
                 fb_lr=args.fb_lr, private_rounds=args.private_rounds,
                 private_steps=args.private_steps,
                 clip=args.clip, noise_std=noise_std, eps=args.eps,
@@ -521,7 +525,7 @@ def plot(curves, args, meta, path):
 LEGACY = {"model": "mlp", "epochs": 1.0, "steps": 50, "batch_size": 10,
           "fb_steps": 100, "fb_lr": 0.01, "v_init": "random", "stop": "never",
           "stop_streak": metrics.STOP_STREAK, "attacks_until": None,
-          "class_sigma": 0.0}
+          "class_sigma": 0.0, "grad_clip": None}
 
 
 def _setting(rec, key):

@@ -136,7 +136,8 @@ def lindt_algorithm(method, dual, mal, *, lr, lr_decay, cohort_size, steps, clip
                     noise_std, trim, eps, r_prime, fb_steps, fb_lr,
                     local_epochs: float | None = 1.0, batch_size: int = 10,
                     v_init: str = "random", stop: str = "never",
-                    stop_streak: int = metrics.STOP_STREAK):
+                    stop_streak: int = metrics.STOP_STREAK,
+                    grad_clip: float | None = None):
     """A Table 3 method in the NFL environment (eq. 4 DP on every upload).
     LINDT's variants run ``local_epochs`` (None: ``steps`` steps, as APFL and
     FedProx always do), start their local models by ``v_init`` and end dual
@@ -161,7 +162,7 @@ def lindt_algorithm(method, dual, mal, *, lr, lr_decay, cohort_size, steps, clip
         eps=eps, r_prime=r_prime,
         finetune_top_steps=fb_steps if method in ("fedavg", "fb") else 0,
         finetune_top_lr=fb_lr, v_init=v_init, stop=stop, stop_streak=stop_streak,
-        **common)
+        grad_clip=grad_clip, **common)
 
 
 IMAGE_SIZE = {"mlp": 16, "cnn": 32}  # CIFAR-10 side length for each model
