@@ -329,8 +329,9 @@ def class_subset_lognormal_indices(
     spread over its classes evenly (``class_sigma=0``, the default) or in
     proportions ``LogNormal(0, class_sigma)`` drawn per (client, class) and
     normalised, so that a client's classes are unbalanced (larger
-    ``class_sigma``: a larger majority class). Each class's train rows (shuffled) are then
-    shared among its holders in proportion to ``t_i / k_i`` (largest-remainder
+    ``class_sigma``: a larger majority class). Each class's train rows
+    (shuffled) are then shared among its holders in proportion to their
+    weights for it (``t_i / k_i`` when even; largest-remainder
     rounding; a holder rounded to 0 takes one row from the largest, so client
     ``i`` holds exactly ``k_i`` classes), so all rows are used exactly once. The
     test rows are shared with the same weights (no one-row minimum: a small client
