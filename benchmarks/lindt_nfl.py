@@ -585,6 +585,8 @@ def report(path) -> str:
                        f"lr {first['lr']:g} x {first['lr_decay']:g} a round, noise "
                        f"std {first['noise_std']:.3g}, FB {fb['fb_steps']} steps at "
                        f"lr {fb['fb_lr']:g}, local models {fb['v_init']}"
+                       + (f", gradient norm bound {gc:g}"
+                          if (gc := _setting(first, "grad_clip")) else "")
                        + _stop_text(first) + ")")
         lines = [("| method | central | local | beta (benign) | beta (all) | in NFL | "
                   "detected at | paper central | paper local | paper beta |"),

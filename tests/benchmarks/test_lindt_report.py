@@ -126,10 +126,13 @@ def test_lindt_nfl_class_sigma_is_a_setting_of_its_own(tmp_path):
     path = tmp_path / "r.jsonl"
     recs = [_rec(0, "fedavg", -3.0),  # older records ran balanced classes (0)
             _rec(1, "fedavg", 1.0, class_sigma=0.0),
-            _rec(0, "fedavg", -5.0, class_sigma=1.5)]
+            _rec(0, "fedavg", -5.0, class_sigma=1.5),
+            _rec(0, "fedavg", -4.0, class_sigma=1.5, grad_clip=5.0)]
     path.write_text("".join(json.dumps(r) + "\n" for r in recs))
     blocks = ln.report(str(path)).split("\n\n")
-    assert len(blocks) == 4
+    assert len(blocks) == 6
+    assert "gradient norm bound" not in blocks[2]
+    assert ", gradient norm bound 5)" in blocks[4]
     assert "class proportions" not in blocks[0]
     assert "(mixed, class proportions log-normal sigma 1.5, attackers" in blocks[2]
     assert "| FedAvg (2 seeds) |" in blocks[1] and "| FedAvg | " in blocks[3]
