@@ -152,6 +152,7 @@ def build(method, dual, args, mal, noise_std):
         grad_clip=args.grad_clip)
 
 
+LSTM_HIDDEN = 64  # --lstm-hidden's default (part of every private cache's key)
 # the settings that fix the private models (and so beta's baseline)
 PRIVATE_KEYS = ("data", "scheme", "num_clients", "attack_ratio", "seed", "test_cap",
                 "hidden", "lstm_hidden", "lr", "batch_size", "private_rounds",
@@ -340,7 +341,7 @@ def main(argv=None):
                    "paper's 940,362-parameter CNN on 32x32 images")
     p.add_argument("--hidden", type=int, nargs="+", default=[256, 128],
                    help="MLP widths (CIFAR / synthetic)")
-    p.add_argument("--lstm-hidden", type=int, default=64,
+    p.add_argument("--lstm-hidden", type=int, default=LSTM_HIDDEN,
                    help="width of both LSTM layers (Shakespeare; the paper: 256)")
     p.add_argument("--test-cap", type=int, default=None,
                    help="keep each client's first N test windows (Shakespeare)")

@@ -5,8 +5,8 @@ models, so their accuracy decides whether a federation is in NFL. The LINDT
 paper gives no recipe for them, but its tables fix their mean accuracy (each
 row's local accuracy minus its beta): 43.8 % with IID clients (43.1 % without
 attackers), 65.2 / 76.5 / 90.3 % when every client holds 10 / 5 / 2 classes,
-74.0 % under the Mixed allocation (half the clients with 10 classes, 30 % with 5, 20 % with 2). This
-script trains only the private models (``experiments.private_accuracy``, the
+74.0 % under the Mixed allocation (half the clients with 10 classes, 30 %
+with 5, 20 % with 2). This script trains only the private models (``experiments.private_accuracy``, the
 same call and settings as ``benchmarks/lindt_nfl.py``, whose ``--private-cache``
 files it shares) for one allocation and reports their benign mean overall and
 per group of clients holding the same number of classes, beside those values,
@@ -42,7 +42,7 @@ from throughput import _meta, parse_or_report, read_jsonl, write_jsonl
 PAPER = {("iid", 0.0): 43.05, ("iid", 0.2): 43.76, ("non_iid_10", 0.2): 65.23,
          ("non_iid_5", 0.2): 76.49, ("non_iid_2", 0.2): 90.31,
          ("mixed", 0.0): 72.64, ("mixed", 0.1): 73.10, ("mixed", 0.2): 74.02}
-PAPER_BY_CLASSES = {10: 65.23, 5: 76.49, 2: 90.31}
+PAPER_BY_CLASSES = {k: PAPER[(f"non_iid_{k}", 0.2)] for k in (10, 5, 2)}
 
 
 def group_stats(fd, ks, benign, acc) -> dict:
@@ -56,8 +56,8 @@ def group_stats(fd, ks, benign, acc) -> dict:
         if not len(idx):
             continue
         ys = [y[offsets[i]:offsets[i] + counts[i]] for i in idx]
-        major = [np.bincount(y).max() / len(y) for y in ys if len(y)]
-        sizes = np.array([len(y) for y in ys], float)
+        major = [np.bincount(yi).max() / len(yi) for yi in ys if len(yi)]
+        sizes = np.array([len(yi) for yi in ys], float)
         out[str(k)] = {"clients": len(idx),
                        "private_acc": 100 * float(np.nanmean(acc[idx])),
                        "majority_share": 100 * float(np.mean(major)),
@@ -95,7 +95,7 @@ def main(argv=None):
     # the attributes lindt_nfl's loaders and private cache read, at its
     # defaults (they are part of the cache's key)
     args.data, args.num_clients, args.test_cap, args.lstm_hidden = (
-        "cifar10", None, None, 64)
+        "cifar10", None, None, lindt_nfl.LSTM_HIDDEN)
     t0 = time.perf_counter()
     fd, mal, dim = lindt_nfl.load(args)
     args.num_clients = fd.num_clients
