@@ -49,7 +49,9 @@ def is_nfl(r) -> bool:
 
 
 def environment(r) -> str:
-    return (f"{'NFL' if is_nfl(r) else 'normal'} ({r['scheme']}, "
+    skew = (f", class sigma {r['class_sigma']:g}" if r.get("class_sigma")
+            else "")
+    return (f"{'NFL' if is_nfl(r) else 'normal'} ({r['scheme']}{skew}, "
             f"{100 * r['attack_ratio']:.0f} % attackers, noise std "
             f"{r['noise_std']:.3g})")
 
@@ -58,8 +60,11 @@ WINDOW = 50
 
 
 def setting(r) -> tuple:
-    """What the runs compared in one table share: noise, rounds, lr schedule."""
-    return (r["noise_std"], r["rounds"], r["lr"], r["lr_decay"])
+    """What the runs compared in one table share: model, noise, rounds, lr
+    schedule and gradient bound (records from before a key existed lack it:
+    the MLP, no bound)."""
+    return (r.get("model") or "mlp", r["noise_std"], r["rounds"], r["lr"],
+            r["lr_decay"], r.get("grad_clip") or 0.0)
 
 
 def flag_round(stat, eps, r_prime) -> int | None:
@@ -106,9 +111,10 @@ def report(records, grid=None) -> str:
     out = []
     for sett in sorted({k[0] for k in runs}):
         envs = {e: rs for (n, e), rs in runs.items() if n == sett}
-        noise, rounds, lr, decay = sett
-        out.append(f"## noise std {noise:.3g}, {rounds} rounds, lr {lr:g} decaying "
-                   f"{decay:g} a round\n")
+        model, noise, rounds, lr, decay, clip = sett
+        bound = f", gradient norm bound {clip:g}" if clip else ""
+        out.append(f"## {model}, noise std {noise:.3g}, {rounds} rounds, lr {lr:g} "
+                   f"decaying {decay:g} a round{bound}\n")
         out.append("| environment | seeds | beta, last evals (benign) | rounds with "
                    f"Delta > eps | median Delta, last {WINDOW} rounds | flagged at "
                    "(paper's rule) |")

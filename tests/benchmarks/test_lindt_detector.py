@@ -51,3 +51,23 @@ def test_window_rule_looks_at_where_the_statistic_settled():
     settled_high = [0.01] * 40 + [1.0] * 80
     # round 65: 25 of the last 50 above, the median (mean of the middle two) 0.505
     assert ld.window_flag_round(settled_high, 0.1, 50, window=50) == 65
+
+
+def test_runs_of_other_models_or_gradient_bounds_are_not_pooled():
+    rounds = 10
+    mlp = record("mixed", 0.2, [0.5] * rounds, [1.0] * rounds)  # no model key
+    cnn = dict(record("mixed", 0.2, [0.5] * rounds, [1.0] * rounds),
+               model="cnn", class_sigma=2.0, grad_clip=5.0)
+    normal = dict(record("iid", 0.0, [0.2] * rounds, [10.0] * rounds),
+                  model="cnn", class_sigma=0.0, grad_clip=5.0)
+    text = ld.report([mlp, cnn, normal], grid=[0.3])
+    heads = [ln for ln in text.splitlines() if ln.startswith("## ")]
+    assert heads == [
+        "## cnn, noise std 0.01, 10 rounds, lr 0.05 decaying 0.995 a round, "
+        "gradient norm bound 5",
+        "## mlp, noise std 0.01, 10 rounds, lr 0.05 decaying 0.995 a round"]
+    cnn_part, mlp_part = text.split("## mlp")
+    assert "| NFL (mixed, class sigma 2, 20 % attackers" in cnn_part
+    assert "| normal (iid, 0 % attackers" in cnn_part
+    assert "| 0.3 | 1/1 | 0/1 | 4 |" in cnn_part  # the pair's characteristic
+    assert "no pair of NFL and normal runs" in mlp_part
