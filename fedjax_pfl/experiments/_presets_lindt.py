@@ -141,7 +141,10 @@ def lindt_algorithm(method, dual, mal, *, lr, lr_decay, cohort_size, steps, clip
     """A Table 3 method in the NFL environment (eq. 4 DP on every upload).
     LINDT's variants run ``local_epochs`` (None: ``steps`` steps, as APFL and
     FedProx always do), start their local models by ``v_init`` and end dual
-    training by the stopping strategy ``stop`` (``algorithms.lindt``)."""
+    training by the stopping strategy ``stop`` (``algorithms.lindt``).
+    ``grad_clip`` bounds every local step's gradient norm of the methods built
+    on ``algorithms.lindt``; APFL and FedProx take no such bound (nor the
+    attackers' step multiplier or ``lr_decay``) and ignore it."""
     common = {"client_lr": lr, "batch_size": batch_size, "cohort_size": cohort_size}
     if method in ("apfl", "fedprox"):
         # Eq. 4's noise: std sigma on the mean = client_level_dp with z = sigma K/S.
