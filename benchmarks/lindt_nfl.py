@@ -107,7 +107,7 @@ SETTING = ("data", "model", "scheme", "class_sigma", "num_clients", "cohort_size
            "attack_ratio", "hidden", "lstm_hidden", "params", "rounds", "lr",
            "lr_decay", "epochs", "steps", "batch_size", "clip", "noise_std", "eps",
            "r_prime", "tail", "test_cap", "fb_steps", "fb_lr", "v_init", "stop",
-           "stop_streak", "attacks_until", "grad_clip")
+           "stop_streak", "attacks_until", "grad_clip", "trim")
 # the detector's inputs, recorded every round (the operating characteristic is
 # computed from them: benchmarks/lindt_detector.py)
 SERIES = ("nfl/delta", "nfl/w_div", "nfl/noise_norm", "server/update_norm",
@@ -365,7 +365,9 @@ def main(argv=None):
     p.add_argument("--eps", type=float, default=0.1)
     p.add_argument("--r-prime", type=int, default=None,
                    help="default: rounds // 2 (the paper: 250 of 500)")
-    p.add_argument("--trim", type=float, default=0.1)
+    p.add_argument("--trim", type=float, default=0.1,
+                   help="share TrimmedMean cuts from each side of every coordinate "
+                        "(TM and LINDT-TM; the paper gives none)")
     p.add_argument("--v-init", choices=("random", "copy_global"), default="random",
                    help="LINDT's local models: a fresh init (default) or a copy of "
                         "the global model at the client's first dual round")
@@ -433,7 +435,7 @@ def main(argv=None):
                 steps=args.steps, batch_size=args.batch_size, fb_steps=args.fb_steps,
                 v_init=args.v_init, stop=args.stop, stop_streak=args.stop_streak,
                 attacks_until=args.attacks_until, grad_clip=args.grad_clip,
-                fb_lr=args.fb_lr, private_rounds=args.private_rounds,
+                trim=args.trim, fb_lr=args.fb_lr, private_rounds=args.private_rounds,
                 private_steps=args.private_steps,
                 clip=args.clip, noise_std=noise_std, eps=args.eps,
                 r_prime=args.r_prime, tail=args.tail, seed=args.seed,
@@ -526,7 +528,7 @@ def plot(curves, args, meta, path):
 LEGACY = {"model": "mlp", "epochs": 1.0, "steps": 50, "batch_size": 10,
           "fb_steps": 100, "fb_lr": 0.01, "v_init": "random", "stop": "never",
           "stop_streak": metrics.STOP_STREAK, "attacks_until": None,
-          "class_sigma": 0.0, "grad_clip": None}
+          "class_sigma": 0.0, "grad_clip": None, "trim": 0.1}
 
 
 def _setting(rec, key):
@@ -588,6 +590,9 @@ def report(path) -> str:
                        f"lr {fb['fb_lr']:g}, local models {fb['v_init']}"
                        + (f", gradient norm bound {gc:g}"
                           if (gc := _setting(first, "grad_clip")) else "")
+                       + (f", TrimmedMean {tr:g} a side"
+                          if (tr := _setting(first, "trim")) != LEGACY["trim"]
+                          else "")
                        + _stop_text(first) + ")")
         lines = [("| method | central | local | beta (benign) | beta (all) | in NFL | "
                   "detected at | paper central | paper local | paper beta |"),

@@ -174,3 +174,18 @@ def test_lindt_private_groups_and_report(tmp_path):
     # the paper's private mean moves with the attacker share (benign averages)
     assert "attackers 0, 20 x 50 steps at lr 0.1, batch 10, seed 0 | 56.67 (72.64)" \
         in rows[4]
+
+
+def test_lindt_nfl_trim_is_a_setting_of_its_own(tmp_path):
+    path = tmp_path / "r.jsonl"
+    recs = [_rec(0, "lindt_tm", 1.0),  # older records ran the default 0.1
+            _rec(1, "lindt_tm", 2.0, trim=0.1),
+            _rec(0, "lindt_tm", 3.0, trim=0.2),
+            _rec(0, "lindt_tm", 4.0, trim=0.3)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    blocks = ln.report(str(path)).split("\n\n")
+    assert len(blocks) == 6
+    assert "TrimmedMean" not in blocks[0]
+    assert ", TrimmedMean 0.2 a side)" in blocks[2]
+    assert ", TrimmedMean 0.3 a side)" in blocks[4]
+    assert "| LINDT-TM (2 seeds) |" in blocks[1] and "| LINDT-TM | " in blocks[3]
