@@ -14,9 +14,11 @@ with the detector watching, groups the runs by environment, and reports:
 * the paper's rule (``eps`` and ``r'`` of the runs): flagged runs and the round;
 * the rule's operating characteristic over a grid of ``eps`` (``r'`` fixed):
   detection rate on NFL runs and false-alarm rate on normal runs;
-* the same for a scale-free statistic, ``Delta / ||aggregate||`` (how far the
-  clients' models sit from the new global model, in units of the global
-  model's own step), with its threshold swept the same way;
+* the same for two scale-free statistics, ``Delta / ||aggregate||`` (how far
+  the clients' models sit from the new global model, in units of the global
+  model's own step) and ``Delta / mean ||u_k||`` (in units of the clients' own
+  steps: Delta grows with how far clients move, whether or not they disagree),
+  with their thresholds swept the same way;
 * a window rule: flag in the first round after ``r'`` in which the median of
   Delta over the last 50 rounds exceeds the threshold (where Delta has
   settled, not how often it was ever above the threshold).
@@ -88,15 +90,21 @@ def window_flag_round(stat, eps, r_prime, window=WINDOW) -> int | None:
 def statistics(r) -> dict[str, np.ndarray]:
     pr = r["per_round"]
     delta = np.asarray(pr["nfl/delta"])
-    return {"Delta": delta,
-            "Delta / ||aggregate||": delta / np.maximum(
-                np.asarray(pr["server/update_norm"]), 1e-12)}
+    out = {"Delta": delta,
+           "Delta / ||aggregate||": delta / np.maximum(
+               np.asarray(pr["server/update_norm"]), 1e-12)}
+    if "nfl/client_update_norm" in pr:  # recorded from 2026-11-28 on
+        out["Delta / mean ||u_k||"] = delta / np.maximum(
+            np.asarray(pr["nfl/client_update_norm"]), 1e-12)
+    return out
 
 
 # (title, statistic, rule)
 RULES = (("Delta, the paper's count rule", "Delta", flag_round),
          ("Delta / ||aggregate||, the count rule", "Delta / ||aggregate||",
           flag_round),
+         ("Delta / mean ||u_k|| (the clients' own step), the count rule",
+          "Delta / mean ||u_k||", flag_round),
          (f"Delta, window rule (median of the last {WINDOW} rounds, after r')",
           "Delta", window_flag_round))
 
@@ -142,6 +150,8 @@ def report(records, grid=None) -> str:
         rp = nfl[0]["r_prime"]
         stats = {id(r): statistics(r) for r in nfl + normal}
         for name, stat, rule in RULES:
+            if not all(stat in stats[id(r)] for r in nfl + normal):
+                continue  # a series older records lack
             vals = np.concatenate([stats[id(r)][stat] for r in nfl + normal])
             thresholds = grid or np.quantile(vals, np.linspace(0.05, 0.95, 10))
             out.append(f"\n{name}, r' = {rp}: detection (NFL runs flagged) and "

@@ -111,7 +111,7 @@ SETTING = ("data", "model", "scheme", "class_sigma", "num_clients", "cohort_size
 # the detector's inputs, recorded every round (the operating characteristic is
 # computed from them: benchmarks/lindt_detector.py)
 SERIES = ("nfl/delta", "nfl/w_div", "nfl/noise_norm", "server/update_norm",
-          "lindt/dual_on")
+          "nfl/client_update_norm", "lindt/dual_on")
 COLORS = dict(zip(METHODS, ("tab:red", "tab:orange", "tab:brown", "tab:purple",
                              "tab:pink", "tab:blue", "tab:cyan", "tab:green")))
 

@@ -42,6 +42,7 @@ from fedjax_pfl.metrics import (
     detector_init,
     detector_update,
     divergence_from_updates,
+    mean_update_norm,
 )
 from fedjax_pfl.models import batch_loss
 from fedjax_pfl.privacy import clip_updates, gaussian_noise
@@ -219,6 +220,7 @@ def lindt_server(aggregator: Aggregator, clip, noise_std, no_noise: bool, eps,
                           agg_state=agg_state, detector=det, round=server.round + 1)
     return new, {"nfl/delta": delta, "nfl/w_div": w_div,
                  "nfl/noise_norm": noise_norm, "nfl/count": det.count,
+                 "nfl/client_update_norm": mean_update_norm(updates, mask),
                  "nfl/detected": det.detected, "nfl/detect_round": det.detect_round,
                  "server/update_norm": optax.tree.norm(agg)}
 

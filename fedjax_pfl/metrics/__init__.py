@@ -17,6 +17,7 @@ from ._nfl import detector_update as detector_update
 from ._nfl import divergence_from_updates as divergence_from_updates
 from ._nfl import gain_callback as gain_callback
 from ._nfl import gain_metrics as gain_metrics
+from ._nfl import mean_update_norm as mean_update_norm
 from ._nfl import nfl_delta as nfl_delta
 from ._nfl import nfl_verdict as nfl_verdict
 from ._nfl import system_gain as system_gain

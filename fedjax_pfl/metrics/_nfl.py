@@ -174,6 +174,13 @@ def divergence_from_updates(updates, server_delta, mask=None) -> jax.Array:
     return _masked_mean_norm(diffs, mask)
 
 
+def mean_update_norm(updates, mask=None) -> jax.Array:
+    """``(1/K) sum_k ||u_k||`` over the stacked uploads ``updates [K, ...]``: how
+    far a client moves in a round, the scale that Eq. 5's divergence grows
+    with whether or not the clients disagree."""
+    return _masked_mean_norm(updates, mask)
+
+
 def _masked_mean_norm(diffs, mask) -> jax.Array:
     sq = sum(jnp.sum(jnp.square(a.reshape(a.shape[0], -1)), axis=1)
              for a in jax.tree.leaves(diffs))

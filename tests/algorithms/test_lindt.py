@@ -239,6 +239,11 @@ def test_noise_only_divergence_and_traced_sigma():
     np.testing.assert_allclose(m["nfl/w_div"], [0.0, m["nfl/noise_norm"][1]],
                                atol=1e-5)
     np.testing.assert_allclose(m["nfl/delta"], 0.0, atol=1e-5)
+    # every client moved by the same u, below the clip: the mean of their step
+    # sizes is the aggregate's norm
+    assert float(m["nfl/client_update_norm"][0]) > 0
+    np.testing.assert_allclose(m["nfl/client_update_norm"], m["server/update_norm"],
+                               rtol=1e-5)
     dim = models.num_params(DUAL.model.init(jax.random.key(0)))
     assert abs(float(m["nfl/noise_norm"][1]) - 0.05 * np.sqrt(dim)) < 0.25 * 0.05 * (
         np.sqrt(dim))

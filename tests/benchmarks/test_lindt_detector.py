@@ -53,6 +53,22 @@ def test_window_rule_looks_at_where_the_statistic_settled():
     assert ld.window_flag_round(settled_high, 0.1, 50, window=50) == 65
 
 
+def test_the_clients_own_step_normalises_delta_when_recorded():
+    rounds = 10
+    # Delta larger in the normal run, because its clients move further
+    nfl = record("mixed", 0.2, [0.5] * rounds, [1.0] * rounds)
+    normal = record("iid", 0.0, [0.8] * rounds, [1.0] * rounds)
+    text = ld.report([nfl, normal], grid=[0.3, 0.6])
+    assert "mean ||u_k||" not in text  # not recorded: the table is left out
+    nfl["per_round"]["nfl/client_update_norm"] = [1.0] * rounds
+    normal["per_round"]["nfl/client_update_norm"] = [4.0] * rounds
+    text = ld.report([nfl, normal], grid=[0.3, 0.6])
+    own = text.split("Delta / mean ||u_k||")[1]
+    assert "| 0.3 | 1/1 | 0/1 | 4 |" in own  # 0.5 vs 0.2: separated
+    count = text.split("\n\nDelta")[1]
+    assert "| 0.6 | 0/1 | 1/1 | nan |" in count  # raw Delta: the wrong way round
+
+
 def test_runs_of_other_models_or_gradient_bounds_are_not_pooled():
     rounds = 10
     mlp = record("mixed", 0.2, [0.5] * rounds, [1.0] * rounds)  # no model key

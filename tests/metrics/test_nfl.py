@@ -115,6 +115,12 @@ def test_divergence_and_noise_correction():
                                     - flat(w_new)) for i in (0, 1, 4)])
     np.testing.assert_allclose(metrics.weight_divergence(locals_, w_new, mask), exp_m,
                                rtol=1e-5)
+    # the clients' own step sizes: (1/K) sum_k ||u_k||, masked rows dropped
+    step = [np.linalg.norm(flat(jax.tree.map(lambda a, i=i: a[i], ups)))
+            for i in range(5)]
+    np.testing.assert_allclose(metrics.mean_update_norm(ups), np.mean(step), rtol=1e-5)
+    np.testing.assert_allclose(metrics.mean_update_norm(ups, mask),
+                               np.mean([step[i] for i in (0, 1, 4)]), rtol=1e-5)
     # Delta = w_div - ||noise|| with the realized draw (a tree or its norm)
     nn = np.linalg.norm(flat(noise))
     np.testing.assert_allclose(metrics.nfl_delta(expect, noise), expect - nn, rtol=1e-5)
