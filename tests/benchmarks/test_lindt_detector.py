@@ -79,8 +79,8 @@ def test_runs_of_other_models_or_gradient_bounds_are_not_pooled():
     text = ld.report([mlp, cnn, normal], grid=[0.3])
     heads = [ln for ln in text.splitlines() if ln.startswith("## ")]
     assert heads == [
-        "## cnn, noise std 0.01, 10 rounds, lr 0.05 decaying 0.995 a round, "
-        "gradient norm bound 5",
+        ("## cnn, noise std 0.01, 10 rounds, lr 0.05 decaying 0.995 a round, "
+         "gradient norm bound 5"),
         "## mlp, noise std 0.01, 10 rounds, lr 0.05 decaying 0.995 a round"]
     cnn_part, mlp_part = text.split("## mlp")
     assert "| NFL (mixed, class sigma 2, 20 % attackers" in cnn_part
