@@ -99,6 +99,35 @@ def statistics(r) -> dict[str, np.ndarray]:
     return out
 
 
+def settled(envs) -> list[str]:
+    """Each statistic's median over the last ``WINDOW`` rounds, per run, and,
+    where the clients' step sizes are recorded, the cohort's alignment
+    ``||aggregate|| / mean ||u_k||`` (1 when every client moves the same way,
+    about ``1 / sqrt(K)`` for K unrelated directions)."""
+    runs = [(env, r, statistics(r)) for env, rs in sorted(envs.items()) for r in rs]
+    names = sorted({n for _, _, st in runs for n in st}, key=len)
+    aligned = all("nfl/client_update_norm" in r["per_round"] for _, r, _ in runs)
+    # no "|" inside a table cell
+    label = [n.replace("||aggregate||", "aggregate norm").replace(
+        "mean ||u_k||", "mean client step") for n in names]
+    out = [f"\nMedians over the last {WINDOW} rounds, per run\n",
+           "| environment | seed | " + " | ".join(label)
+           + (" | alignment: aggregate norm / mean client step |" if aligned
+              else " |"),
+           "|---|---|" + "---|" * (len(names) + aligned)]
+    for env, r, st in runs:
+        cells = [f"{np.median(st[n][-WINDOW:]):.3g}" if n in st else "-"
+                 for n in names]
+        if aligned:
+            pr = r["per_round"]
+            align = np.asarray(pr["server/update_norm"]) / np.maximum(
+                np.asarray(pr["nfl/client_update_norm"]), 1e-12)
+            cells.append(f"{np.median(align[-WINDOW:]):.3g}")
+        out.append(f"| {env.split(' (')[0]} | {r['seed']} | " + " | ".join(cells)
+                   + " |")
+    return out
+
+
 # (title, statistic, rule)
 RULES = (("Delta, the paper's count rule", "Delta", flag_round),
          ("Delta / ||aggregate||, the count rule", "Delta / ||aggregate||",
@@ -141,6 +170,7 @@ def report(records, grid=None) -> str:
                             for a, r in zip(above, rs)) + " | "
                 + ", ".join(f"{m:.3g}" for m in med) + " | "
                 + ", ".join(str(f) if f else "never" for f in flags) + " |")
+        out.extend(settled(envs))
         nfl = [r for rs in envs.values() for r in rs if is_nfl(r)]
         normal = [r for rs in envs.values() for r in rs if not is_nfl(r)]
         if not (nfl and normal):
