@@ -123,8 +123,8 @@ def settled(envs) -> list[str]:
             align = np.asarray(pr["server/update_norm"]) / np.maximum(
                 np.asarray(pr["nfl/client_update_norm"]), 1e-12)
             cells.append(f"{np.median(align[-WINDOW:]):.3g}")
-        out.append(f"| {env.split(' (')[0]} | {r['seed']} | " + " | ".join(cells)
-                   + " |")
+        out.append(f"| {env.split(', noise std')[0]}) | {r['seed']} | "
+                   + " | ".join(cells) + " |")
     return out
 
 
