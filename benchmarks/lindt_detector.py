@@ -112,9 +112,9 @@ def settled(envs) -> list[str]:
         "mean ||u_k||", "mean client step") for n in names]
     out = [f"\nMedians over the last {WINDOW} rounds, per run\n",
            "| environment | seed | " + " | ".join(label)
-           + (" | alignment: aggregate norm / mean client step |" if aligned
-              else " |"),
-           "|---|---|" + "---|" * (len(names) + aligned)]
+           + (" | mean client step | alignment: aggregate norm / mean client "
+              "step |" if aligned else " |"),
+           "|---|---|" + "---|" * (len(names) + 2 * aligned)]
     for env, r, st in runs:
         cells = [f"{np.median(st[n][-WINDOW:]):.3g}" if n in st else "-"
                  for n in names]
@@ -122,7 +122,8 @@ def settled(envs) -> list[str]:
             pr = r["per_round"]
             align = np.asarray(pr["server/update_norm"]) / np.maximum(
                 np.asarray(pr["nfl/client_update_norm"]), 1e-12)
-            cells.append(f"{np.median(align[-WINDOW:]):.3g}")
+            cells += [f"{np.median(pr['nfl/client_update_norm'][-WINDOW:]):.3g}",
+                      f"{np.median(align[-WINDOW:]):.3g}"]
         out.append(f"| {env.split(', noise std')[0]}) | {r['seed']} | "
                    + " | ".join(cells) + " |")
     return out
