@@ -105,7 +105,7 @@ def settled(envs) -> list[str]:
     ``||aggregate|| / mean ||u_k||`` (1 when every client moves the same way,
     about ``1 / sqrt(K)`` for K unrelated directions)."""
     runs = [(env, r, statistics(r)) for env, rs in sorted(envs.items()) for r in rs]
-    names = sorted({n for _, _, st in runs for n in st}, key=len)
+    names = list(dict.fromkeys(n for _, _, st in runs for n in st))
     aligned = all("nfl/client_update_norm" in r["per_round"] for _, r, _ in runs)
     # no "|" inside a table cell
     label = [n.replace("||aggregate||", "aggregate norm").replace(

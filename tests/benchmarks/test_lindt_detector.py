@@ -64,11 +64,11 @@ def test_the_clients_own_step_normalises_delta_when_recorded():
     normal["per_round"]["nfl/client_update_norm"] = [4.0] * rounds
     text = ld.report([nfl, normal], grid=[0.3, 0.6])
     medians = text.split("Medians over the last 50 rounds, per run")[1]
-    assert ("| environment | seed | Delta | Delta / mean client step | Delta / "
-            "aggregate norm | mean client step | alignment: aggregate norm / mean "
+    assert ("| environment | seed | Delta | Delta / aggregate norm | Delta / mean "
+            "client step | mean client step | alignment: aggregate norm / mean "
             "client step |") in medians
     assert "| NFL (mixed, 20 % attackers) | 0 | 0.5 | 0.5 | 0.5 | 1 | 1 |" in medians
-    assert ("| normal (iid, 0 % attackers) | 0 | 0.8 | 0.2 | 0.8 | 4 | 0.25 |"
+    assert ("| normal (iid, 0 % attackers) | 0 | 0.8 | 0.8 | 0.2 | 4 | 0.25 |"
             in medians)
     own = text.split("Delta / mean ||u_k||")[1]
     assert "| 0.3 | 1/1 | 0/1 | 4 |" in own  # 0.5 vs 0.2: separated
