@@ -78,8 +78,8 @@ def test_attach_gradient_is_finite_at_a_zero_representation(variant):
     dl, dg = jax.grad(total, argnums=(0, 1))(L, G)
     assert np.all(np.isfinite(dl)) and np.all(np.isfinite(dg))
     # the zero sample: h = (G + L) / 2, so dh/dL = dh/dG = 1/2
-    np.testing.assert_allclose(dl[0], [0.5, 0.5]) and np.testing.assert_allclose(
-        dg[0], [0.5, 0.5])
+    np.testing.assert_allclose(dl[0], [0.5, 0.5])
+    np.testing.assert_allclose(dg[0], [0.5, 0.5])
 
     def ref(local, glob):  # the formula itself, well defined away from zero
         lf, gf = local[1:], glob[1:]
