@@ -77,8 +77,7 @@ def attach(local: jax.Array, glob: jax.Array, *, variant: str = "paper",
     lf = local.reshape(local.shape[0], -1)
     gf = glob.reshape(glob.shape[0], -1)
     dot = jnp.sum(lf * gf, axis=1)
-    lnorm, live = _safe_norm(lf, eps)
-    den = lnorm
+    den, live = _safe_norm(lf, eps)
     if variant == "cosine":
         gnorm, glive = _safe_norm(gf, eps)
         den, live = den * gnorm, live & glive
