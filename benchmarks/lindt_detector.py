@@ -88,42 +88,38 @@ def window_flag_round(stat, eps, r_prime, window=WINDOW) -> int | None:
 
 
 def statistics(r) -> dict[str, np.ndarray]:
+    """Per-round series of one run: Delta, Delta scaled two ways and, where the
+    clients' step sizes are recorded (from 2026-11-28 on), the mean step and
+    the cohort's alignment ``||aggregate|| / mean ||u_k||`` (1 when every
+    client moves the same way, about ``1 / sqrt(K)`` for K unrelated
+    directions)."""
     pr = r["per_round"]
     delta = np.asarray(pr["nfl/delta"])
-    out = {"Delta": delta,
-           "Delta / ||aggregate||": delta / np.maximum(
-               np.asarray(pr["server/update_norm"]), 1e-12)}
-    if "nfl/client_update_norm" in pr:  # recorded from 2026-11-28 on
-        out["Delta / mean ||u_k||"] = delta / np.maximum(
-            np.asarray(pr["nfl/client_update_norm"]), 1e-12)
+    agg = np.maximum(np.asarray(pr["server/update_norm"]), 1e-12)
+    out = {"Delta": delta, "Delta / ||aggregate||": delta / agg}
+    if "nfl/client_update_norm" in pr:
+        step = np.maximum(np.asarray(pr["nfl/client_update_norm"]), 1e-12)
+        out["Delta / mean ||u_k||"] = delta / step
+        out["mean ||u_k||"] = step
+        out["alignment: ||aggregate|| / mean ||u_k||"] = agg / step
     return out
 
 
-def settled(envs) -> list[str]:
-    """Each statistic's median over the last ``WINDOW`` rounds, per run, and,
-    where the clients' step sizes are recorded, the cohort's alignment
-    ``||aggregate|| / mean ||u_k||`` (1 when every client moves the same way,
-    about ``1 / sqrt(K)`` for K unrelated directions)."""
-    runs = [(env, r, statistics(r)) for env, rs in sorted(envs.items()) for r in rs]
-    names = list(dict.fromkeys(n for _, _, st in runs for n in st))
-    aligned = all("nfl/client_update_norm" in r["per_round"] for _, r, _ in runs)
+def settled(envs, stats) -> list[str]:
+    """Each statistic's median over the last ``WINDOW`` rounds, per run
+    (``stats``: ``statistics`` of each run, by ``id``)."""
+    runs = [(env, r) for env, rs in sorted(envs.items()) for r in rs]
+    names = list(dict.fromkeys(n for _, r in runs for n in stats[id(r)]))
     # no "|" inside a table cell
     label = [n.replace("||aggregate||", "aggregate norm").replace(
         "mean ||u_k||", "mean client step") for n in names]
     out = [f"\nMedians over the last {WINDOW} rounds, per run\n",
-           "| environment | seed | " + " | ".join(label)
-           + (" | mean client step | alignment: aggregate norm / mean client "
-              "step |" if aligned else " |"),
-           "|---|---|" + "---|" * (len(names) + 2 * aligned)]
-    for env, r, st in runs:
+           "| environment | seed | " + " | ".join(label) + " |",
+           "|---|---|" + "---|" * len(names)]
+    for env, r in runs:
+        st = stats[id(r)]
         cells = [f"{np.median(st[n][-WINDOW:]):.3g}" if n in st else "-"
                  for n in names]
-        if aligned:
-            pr = r["per_round"]
-            align = np.asarray(pr["server/update_norm"]) / np.maximum(
-                np.asarray(pr["nfl/client_update_norm"]), 1e-12)
-            cells += [f"{np.median(pr['nfl/client_update_norm'][-WINDOW:]):.3g}",
-                      f"{np.median(align[-WINDOW:]):.3g}"]
         out.append(f"| {env.split(', noise std')[0]}) | {r['seed']} | "
                    + " | ".join(cells) + " |")
     return out
@@ -171,7 +167,8 @@ def report(records, grid=None) -> str:
                             for a, r in zip(above, rs)) + " | "
                 + ", ".join(f"{m:.3g}" for m in med) + " | "
                 + ", ".join(str(f) if f else "never" for f in flags) + " |")
-        out.extend(settled(envs))
+        stats = {id(r): statistics(r) for rs in envs.values() for r in rs}
+        out.extend(settled(envs, stats))
         nfl = [r for rs in envs.values() for r in rs if is_nfl(r)]
         normal = [r for rs in envs.values() for r in rs if not is_nfl(r)]
         if not (nfl and normal):
@@ -179,7 +176,6 @@ def report(records, grid=None) -> str:
                        "operating characteristic)\n")
             continue
         rp = nfl[0]["r_prime"]
-        stats = {id(r): statistics(r) for r in nfl + normal}
         for name, stat, rule in RULES:
             if not all(stat in stats[id(r)] for r in nfl + normal):
                 continue  # a series older records lack
