@@ -107,7 +107,8 @@ SETTING = ("data", "model", "scheme", "class_sigma", "num_clients", "cohort_size
            "attack_ratio", "hidden", "lstm_hidden", "params", "rounds", "lr",
            "lr_decay", "epochs", "steps", "batch_size", "clip", "noise_std", "eps",
            "r_prime", "tail", "test_cap", "fb_steps", "fb_lr", "v_init", "stop",
-           "stop_streak", "attacks_until", "grad_clip", "trim")
+           "stop_streak", "attacks_until", "grad_clip", "trim", "apfl_alpha",
+           "apfl_alpha_mode")
 # the detector's inputs, recorded every round (the operating characteristic is
 # computed from them: benchmarks/lindt_detector.py)
 SERIES = ("nfl/delta", "nfl/w_div", "nfl/noise_norm", "server/update_norm",
@@ -149,7 +150,8 @@ def build(method, dual, args, mal, noise_std):
         fb_steps=args.fb_steps, fb_lr=args.fb_lr,
         local_epochs=args.epochs or None, batch_size=args.batch_size,
         v_init=args.v_init, stop=args.stop, stop_streak=args.stop_streak,
-        grad_clip=args.grad_clip)
+        grad_clip=args.grad_clip, apfl_alpha=args.apfl_alpha,
+        apfl_adaptive=args.apfl_alpha_mode == "adaptive")
 
 
 LSTM_HIDDEN = 64  # --lstm-hidden's default (part of every private cache's key)
@@ -217,9 +219,12 @@ class Progress:
             return None
         with open(self.path) as fh:
             saved = json.load(fh)
-        if saved["fingerprint"] != self.fingerprint:
-            diff = sorted(k for k in {*saved["fingerprint"], *self.fingerprint}
-                          if saved["fingerprint"].get(k) != self.fingerprint.get(k))
+        # an argument added since the checkpoint was written: its default then
+        before = {k: LEGACY[k] for k in self.fingerprint.keys() - saved["fingerprint"]
+                  if k in LEGACY} | saved["fingerprint"]
+        if before != self.fingerprint:
+            diff = sorted(k for k in {*before, *self.fingerprint}
+                          if before.get(k) != self.fingerprint.get(k))
             raise SystemExit(f"--resume: the checkpoint in {self.dir} was written "
                              f"with other settings ({', '.join(diff)} differ); "
                              f"use another --checkpoint-dir")
@@ -310,6 +315,9 @@ def run_method(method, dual, fd, mal, private_acc, args, noise_std, key,
                     row[prefix + "local" + tag] = float(g["nfl/local_acc"])
                     row[prefix + "beta" + tag] = float(g["nfl/beta"])
             row.update(per_round[-1])
+            if method == "apfl":  # the benign clients' mean mixing weight
+                row["apfl/alpha"] = float(np.sum(np.asarray(state.clients.alpha)
+                                                 * benign) / np.sum(benign))
             rows.append(row)
             if progress.dir and (r % progress.every == 0 or r == args.rounds):
                 progress.save(r, state, rows, per_round, round_s,
@@ -382,6 +390,11 @@ def main(argv=None):
     p.add_argument("--grad-clip", type=float, default=None,
                    help="per-step gradient norm bound of FedAvg / FB / TM / LINDT / "
                    "LINDT-TM (the paper's models: 5); default none")
+    p.add_argument("--apfl-alpha", type=float, default=0.01,
+                   help="APFL's initial mixing weight in [0, 1] (the paper: 0.01)")
+    p.add_argument("--apfl-alpha-mode", choices=("adaptive", "fixed"),
+                   default="adaptive", help="APFL's mixing weight adapts by "
+                   "gradient steps (the paper) or stays at --apfl-alpha")
     p.add_argument("--fb-steps", type=int, default=100)
     p.add_argument("--fb-lr", type=float, default=0.01)
     p.add_argument("--private-rounds", type=int, default=20)
@@ -410,6 +423,8 @@ def main(argv=None):
     if args.attacks_until is not None and not 0 <= args.attacks_until < args.rounds:
         p.error(f"--attacks-until: must be a round in [0, --rounds), got "
                 f"{args.attacks_until}")
+    if not 0 <= args.apfl_alpha <= 1:
+        p.error(f"--apfl-alpha: must be in [0, 1], got {args.apfl_alpha}")
     if args.epochs < 0:
         p.error(f"--epochs: must be >= 0 (0: --steps steps), got {args.epochs}")
     if args.model == "cnn" and args.data != "cifar10":
@@ -435,7 +450,8 @@ def main(argv=None):
                 steps=args.steps, batch_size=args.batch_size, fb_steps=args.fb_steps,
                 v_init=args.v_init, stop=args.stop, stop_streak=args.stop_streak,
                 attacks_until=args.attacks_until, grad_clip=args.grad_clip,
-                trim=args.trim, fb_lr=args.fb_lr, private_rounds=args.private_rounds,
+                trim=args.trim, apfl_alpha=args.apfl_alpha,
+                apfl_alpha_mode=args.apfl_alpha_mode, fb_lr=args.fb_lr, private_rounds=args.private_rounds,
                 private_steps=args.private_steps,
                 clip=args.clip, noise_std=noise_std, eps=args.eps,
                 r_prime=args.r_prime, tail=args.tail, seed=args.seed,
@@ -528,7 +544,8 @@ def plot(curves, args, meta, path):
 LEGACY = {"model": "mlp", "epochs": 1.0, "steps": 50, "batch_size": 10,
           "fb_steps": 100, "fb_lr": 0.01, "v_init": "random", "stop": "never",
           "stop_streak": metrics.STOP_STREAK, "attacks_until": None,
-          "class_sigma": 0.0, "grad_clip": None, "trim": 0.1}
+          "class_sigma": 0.0, "grad_clip": None, "trim": 0.1, "apfl_alpha": 0.01,
+          "apfl_alpha_mode": "adaptive"}
 
 
 def _setting(rec, key):
@@ -563,6 +580,14 @@ def _stop_text(rec) -> str:
     return out
 
 
+def _apfl_text(rec) -> str:
+    """The heading's note on APFL's mixing weight when not the paper's."""
+    alpha, mode = _setting(rec, "apfl_alpha"), _setting(rec, "apfl_alpha_mode")
+    if (alpha, mode) == (LEGACY["apfl_alpha"], LEGACY["apfl_alpha_mode"]):
+        return ""
+    return f", APFL alpha {alpha:g} " + ("adaptive" if mode == "adaptive" else "fixed")
+
+
 def report(path) -> str:
     """One table per setting (first-appearance order); a method run with
     several seeds shows mean +- std over them and its seed count."""
@@ -593,6 +618,7 @@ def report(path) -> str:
                        + (f", TrimmedMean {tr:g} a side"
                           if (tr := _setting(first, "trim")) != LEGACY["trim"]
                           else "")
+                       + _apfl_text(first)
                        + _stop_text(first) + ")")
         lines = [("| method | central | local | beta (benign) | beta (all) | in NFL | "
                   "detected at | paper central | paper local | paper beta |"),

@@ -137,21 +137,25 @@ def lindt_algorithm(method, dual, mal, *, lr, lr_decay, cohort_size, steps, clip
                     local_epochs: float | None = 1.0, batch_size: int = 10,
                     v_init: str = "random", stop: str = "never",
                     stop_streak: int = metrics.STOP_STREAK,
-                    grad_clip: float | None = None):
+                    grad_clip: float | None = None, apfl_alpha: float = 0.01,
+                    apfl_adaptive: bool = True):
     """A Table 3 method in the NFL environment (eq. 4 DP on every upload).
     LINDT's variants run ``local_epochs`` (None: ``steps`` steps, as APFL and
     FedProx always do), start their local models by ``v_init`` and end dual
     training by the stopping strategy ``stop`` (``algorithms.lindt``).
     ``grad_clip`` bounds every local step's gradient norm of the methods built
     on ``algorithms.lindt``; APFL and FedProx take no such bound (nor the
-    attackers' step multiplier or ``lr_decay``) and ignore it."""
+    attackers' step multiplier or ``lr_decay``) and ignore it. APFL's mixing
+    weight starts at ``apfl_alpha`` (the paper: 0.01) and adapts
+    (``apfl_adaptive``, the paper) or stays fixed."""
     common = {"client_lr": lr, "batch_size": batch_size, "cohort_size": cohort_size}
     if method in ("apfl", "fedprox"):
         # Eq. 4's noise: std sigma on the mean = client_level_dp with z = sigma K/S.
         agg = privacy.client_level_dp(aggregators.mean(weighted=False), clip,
                                       noise_std * cohort_size / clip)
         if method == "apfl":
-            return algorithms.apfl(dual.model, alpha=0.01, num_local_steps=steps,
+            return algorithms.apfl(dual.model, alpha=apfl_alpha,
+                                   adaptive_alpha=apfl_adaptive, num_local_steps=steps,
                                    cohort="uniform", aggregator=agg, **common)
         return algorithms.fedprox(dual.model, mu=0.001, num_local_steps=steps,
                                   aggregator=agg, **common)

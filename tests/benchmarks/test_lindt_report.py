@@ -189,3 +189,17 @@ def test_lindt_nfl_trim_is_a_setting_of_its_own(tmp_path):
     assert ", TrimmedMean 0.2 a side)" in blocks[2]
     assert ", TrimmedMean 0.3 a side)" in blocks[4]
     assert "| LINDT-TM (2 seeds) |" in blocks[1] and "| LINDT-TM | " in blocks[3]
+
+
+def test_lindt_nfl_apfl_alpha_is_a_setting_of_its_own(tmp_path):
+    path = tmp_path / "r.jsonl"
+    recs = [_rec(0, "apfl", 1.0),  # older records ran 0.01, adaptive
+            _rec(1, "apfl", 2.0, apfl_alpha=0.01, apfl_alpha_mode="adaptive"),
+            _rec(0, "apfl", 3.0, apfl_alpha=0.5, apfl_alpha_mode="fixed"),
+            _rec(0, "apfl", 4.0, apfl_alpha=0.5, apfl_alpha_mode="adaptive")]
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    blocks = ln.report(str(path)).split("\n\n")
+    assert len(blocks) == 6
+    assert "APFL alpha" not in blocks[0] and "| APFL (2 seeds) |" in blocks[1]
+    assert blocks[2].endswith(", APFL alpha 0.5 fixed)")
+    assert blocks[4].endswith(", APFL alpha 0.5 adaptive)")

@@ -279,6 +279,25 @@ def test_lindt_nfl_stop_strategies_and_attackers_that_stop(tmp_path):
     assert honest["central"] == clean["central"]
 
 
+def test_lindt_nfl_apfl_alpha(tmp_path):
+    """``--apfl-alpha`` / ``--apfl-alpha-mode``: APFL's evaluations record the
+    benign clients' mean mixing weight; fixed, it stays at ``--apfl-alpha``,
+    adaptive it moves; a weight outside [0, 1] is refused before any work."""
+    ln = _load("lindt_nfl")
+    common = ["--data", "synthetic", "--num-clients", "10", "--cohort-size", "10",
+              "--rounds", "2", "--eval-every", "1", "--tail", "1", "--hidden", "4",
+              "--private-rounds", "1", "--private-steps", "2", "--methods", "apfl",
+              "--apfl-alpha", "0.5"]
+    fixed = ln.main(common + ["--apfl-alpha-mode", "fixed"])[0]
+    adaptive = ln.main(common)[0]
+    assert fixed["apfl_alpha_mode"] == "fixed" and fixed["apfl_alpha"] == 0.5
+    assert [h["apfl/alpha"] for h in fixed["history"]] == [0.5, 0.5]
+    moved = [h["apfl/alpha"] for h in adaptive["history"]]
+    assert all(0 <= a <= 1 and a != 0.5 for a in moved)
+    with pytest.raises(SystemExit):
+        ln.main(common[:-1] + ["1.5"])
+
+
 def test_lindt_nfl_private_cache(tmp_path, monkeypatch):
     """``--private-cache``: a second run with the same settings reads the private
     accuracies back instead of training the private models again; other
@@ -336,6 +355,17 @@ def test_lindt_nfl_checkpoints_resume_exactly(tmp_path, monkeypatch):
             assert a[k] == b[k], (a["method"], k)
     with pytest.raises(SystemExit, match="lr differ"):
         ln.main(common + ck + ["--lr", "0.01"])
+    # a checkpoint written before --apfl-alpha existed ran its default
+    for method in ("fedavg", "lindt"):
+        prog = tmp_path / "ck" / method / "progress.json"
+        saved = json.loads(prog.read_text())
+        for k in ("apfl_alpha", "apfl_alpha_mode"):
+            del saved["fingerprint"][k]
+        prog.write_text(json.dumps(saved))
+    assert [r["history"] for r in ln.main(common + ck)] == [
+        r["history"] for r in straight]
+    with pytest.raises(SystemExit, match="apfl_alpha differ"):
+        ln.main(common + ck + ["--apfl-alpha", "0.5"])
     with pytest.raises(SystemExit):
         ln.main(common + ["--checkpoint-dir", str(tmp_path), "--checkpoint-every", "3",
                           "--eval-every", "2"])
