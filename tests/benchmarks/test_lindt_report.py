@@ -2,6 +2,7 @@
 column of the matching data and environment, seeds summarised as mean +- std;
 and LINDT's Shakespeare data as the benchmark builds it (real data only)."""
 
+import functools
 import json
 import os
 
@@ -98,11 +99,15 @@ def test_report_names_the_cnn():
 
 @pytest.mark.skipif(not os.environ.get("FEDJAX_PFL_DATA_DIR"),
                     reason="needs FEDJAX_PFL_DATA_DIR (cifar10/)")
-def test_cifar_image_sizes():
+def test_cifar_image_sizes(monkeypatch):
     """32x32 keeps the paper's images; 16x16 is their 2x2 means. Both are
     standardized per input, on the same clients and backdoor."""
+    from fedjax_pfl import data
     from fedjax_pfl.experiments import _presets_lindt as lindt
 
+    # both sizes from one read of the files (decompressing them is most of a load)
+    monkeypatch.setattr(data, "load_cifar10",
+                        functools.lru_cache(maxsize=1)(data.load_cifar10))
     small, mal16, d16 = lindt.lindt_data("cifar10", 10, 0.2, 0)
     full, mal32, d32 = lindt.lindt_data("cifar10", 10, 0.2, 0, image_size=32)
     assert (d16, d32) == (16 * 16 * 3, 32 * 32 * 3)
