@@ -451,8 +451,8 @@ def main(argv=None):
                 v_init=args.v_init, stop=args.stop, stop_streak=args.stop_streak,
                 attacks_until=args.attacks_until, grad_clip=args.grad_clip,
                 trim=args.trim, apfl_alpha=args.apfl_alpha,
-                apfl_alpha_mode=args.apfl_alpha_mode, fb_lr=args.fb_lr, private_rounds=args.private_rounds,
-                private_steps=args.private_steps,
+                apfl_alpha_mode=args.apfl_alpha_mode, fb_lr=args.fb_lr,
+                private_rounds=args.private_rounds, private_steps=args.private_steps,
                 clip=args.clip, noise_std=noise_std, eps=args.eps,
                 r_prime=args.r_prime, tail=args.tail, seed=args.seed,
                 private_acc_benign=100 * float(np.nanmean(private_acc[benign])),
@@ -585,7 +585,7 @@ def _apfl_text(rec) -> str:
     alpha, mode = _setting(rec, "apfl_alpha"), _setting(rec, "apfl_alpha_mode")
     if (alpha, mode) == (LEGACY["apfl_alpha"], LEGACY["apfl_alpha_mode"]):
         return ""
-    return f", APFL alpha {alpha:g} " + ("adaptive" if mode == "adaptive" else "fixed")
+    return f", APFL alpha {alpha:g} {mode}"
 
 
 def report(path) -> str:
