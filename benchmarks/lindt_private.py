@@ -8,10 +8,11 @@ attackers), 65.2 / 76.5 / 90.3 % when every client holds 10 / 5 / 2 classes,
 74.0 % under the Mixed allocation (half the clients with 10 classes, 30 %
 with 5, 20 % with 2). This script trains only the private models
 (``experiments.private_accuracy``, the same call and settings as
-``benchmarks/lindt_nfl.py``, whose ``--private-cache`` files it shares) for one allocation and reports their benign mean overall and
-per group of clients holding the same number of classes, beside those values,
-with each group's mean majority-class share (what a constant guess scores) and
-client sizes. ``--class-sigma`` unbalances each client's classes (log-normal
+``benchmarks/lindt_nfl.py``, whose ``--private-cache`` files it shares) for
+one allocation and reports their benign mean overall and per group of
+clients holding the same number of classes, beside those values, with each
+group's mean majority-class share (what a constant guess scores) and client
+sizes. ``--class-sigma`` unbalances each client's classes (log-normal
 proportions, ``data.lindt_cifar``): the ablation that asks whether the paper's
 clients held unbalanced classes.
 
