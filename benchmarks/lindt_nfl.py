@@ -316,8 +316,8 @@ def run_method(method, dual, fd, mal, private_acc, args, noise_std, key,
                     row[prefix + "beta" + tag] = float(g["nfl/beta"])
             row.update(per_round[-1])
             if method == "apfl":  # the benign clients' mean mixing weight
-                row["apfl/alpha"] = float(np.sum(np.asarray(state.clients.alpha)
-                                                 * benign) / np.sum(benign))
+                row["apfl/alpha"] = float(np.average(state.clients.alpha,
+                                                     weights=benign))
             rows.append(row)
             if progress.dir and (r % progress.every == 0 or r == args.rounds):
                 progress.save(r, state, rows, per_round, round_s,
