@@ -63,3 +63,20 @@ def test_checkpoint_folder_names_every_setting_but_the_rounds():
         assert ft.run_tag(argparse.Namespace(**{**base, **change})) != tag, change
     for same in ({"rounds": 900, "target_epsilon": None}, {"eval_every": 100}):
         assert ft.run_tag(argparse.Namespace(**{**base, **same})) == tag, same
+
+
+def test_report_names_a_nonprivate_lr_and_marks_a_diverged_run(tmp_path):
+    """A non-private row at another lr than 0.1 says so, and a run whose test
+    loss is not finite is marked as diverged instead of showing a bare 9.92 %."""
+    path = tmp_path / "r.jsonl"
+    base = {"dataset": "fmnist", "method": "fedavg", "seed": 1, "round": 1000,
+            "wall_s": 78.0, "global/test/loss/psi": float("nan")}
+    recs = [{**base, "lr": 1.0, "global/test/accuracy/mean": 0.0992,
+             "global/test/loss/mean": float("nan")},
+            {**base, "lr": 0.1, "global/test/accuracy/mean": 0.87,
+             "global/test/loss/mean": 0.4, "global/test/loss/psi": 0.3}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    lines = ft.report(str(path)).splitlines()
+    assert any(x.startswith("| fmnist | fedavg [lr 1] | 1000 | - | - | 9.92 "
+                            "(diverged: test loss not finite) |") for x in lines)
+    assert any(x.startswith("| fmnist | fedavg | 1000 | - | - | 87.00 |") for x in lines)
