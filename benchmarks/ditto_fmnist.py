@@ -27,6 +27,7 @@ A1, A2 and A3), marked ``derived_from_clean_run``.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -217,6 +218,21 @@ def report(path: str) -> str:
     return "\n".join(lines)
 
 
+def _history_paths(args, run) -> tuple[str | None, str | None]:
+    """Where a run's evaluations go as they come, and the file beside them that
+    names the machine, commit, date and configuration of the process that last
+    started the run:
+    DIR/<run>/history.jsonl and meta.json under --checkpoint-dir,
+    DIR/<run>.jsonl and DIR/<run>.meta.json under --history-dir, else none."""
+    if args.checkpoint_dir:
+        d = os.path.join(args.checkpoint_dir, run)
+        return os.path.join(d, "history.jsonl"), os.path.join(d, "meta.json")
+    if args.history_dir:
+        return (os.path.join(args.history_dir, f"{run}.jsonl"),
+                os.path.join(args.history_dir, f"{run}.meta.json"))
+    return None, None
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--attack", default="none", choices=attacks.ATTACKS)
@@ -250,20 +266,25 @@ def main(argv=None):
     add_checkpoint_args(p, "<run> (the history as it grows in DIR/<run>/history.jsonl)")
     p.add_argument("--history-dir", default=None,
                    help="without --checkpoint-dir: append each run's evaluations to "
-                        "DIR/<run>.jsonl as they come (a run stopped before its end "
-                        "leaves its trajectory there, not in --out)")
+                        "DIR/<run>.jsonl as they come, beside DIR/<run>.meta.json "
+                        "(the run's machine, commit, date and configuration; a run "
+                        "stopped before its end leaves its trajectory there, not in "
+                        "--out)")
     p.add_argument("--snapshot", action="store_true",
-                   help="with --checkpoint-dir: write the evaluations that an "
-                        "unfinished run has made so far (DIR/<run>/history.jsonl) "
-                        "to --out as records marked in_progress, without training")
+                   help="with --checkpoint-dir or --history-dir: write the "
+                        "evaluations that an unfinished run has made so far to --out "
+                        "as records marked in_progress, without training (with the "
+                        "machine, commit and date of the process that last started "
+                        "the run, where its meta file is there)")
     args = parse_or_report(p, argv, report)
     if args is None:
         return []
     if args.history_dir and args.checkpoint_dir:
         p.error("--history-dir: the history goes to --checkpoint-dir's folders "
                 "when that is given; give one of the two")
-    if args.snapshot and not args.checkpoint_dir:
-        p.error("--snapshot: needs --checkpoint-dir (the run's history is there)")
+    if args.snapshot and not (args.checkpoint_dir or args.history_dir):
+        p.error("--snapshot: needs --checkpoint-dir or --history-dir (the run's "
+                "history is there)")
     if args.plateau_patience and "val" not in args.splits:
         p.error("--plateau-patience needs --splits to include val")
     if not all(0 < r < 1 for r in args.derive_ratios):
@@ -306,28 +327,34 @@ def main(argv=None):
                           "model": "ditto_fmnist_cnn", **{
                    k: v for k, v in common.items() if k not in ("attack", "malicious")},
                    "strong_attack": strong, "plateau": stop and stop._asdict()}}
+        history, meta_path = _history_paths(args, run)
         if args.snapshot:
-            path = os.path.join(ckdir, "history.jsonl")
-            if not os.path.exists(path):
-                print(f"{run}: no history in {ckdir}")
+            if not os.path.exists(history):
+                print(f"{run}: no history at {history}")
                 continue
-            rows = read_jsonl(path)
-            recs = [{**meta, **tag, "in_progress": True, **row} for row in rows]
+            rows = read_jsonl(history)
+            made = meta
+            if os.path.exists(meta_path):  # the run's own machine, commit and date
+                with open(meta_path) as fh:
+                    made = json.load(fh)
+            recs = [{**meta, **tag, **made, "in_progress": True, **row}
+                    for row in rows]
             write_jsonl(args.out, recs)
             records += recs
             print(f"{run}: {len(rows)} evaluations to round {rows[-1]['round']}, "
                   "in progress")
             continue
+        if history:
+            os.makedirs(os.path.dirname(meta_path), exist_ok=True)
+            with open(meta_path, "w") as fh:
+                json.dump({**meta, **tag}, fh)
         t0 = time.perf_counter()
         res = simulate(algs[run], fed, num_rounds=args.rounds,
                        eval_every=args.eval_every, key=jax.random.key(args.seed),
                        eval_mask=threat.benign, splits=tuple(args.splits),
                        progress=True, engine=engine, stop_when=stop,
                        checkpoint_dir=ckdir, checkpoint_every=args.checkpoint_every,
-                       resume=args.resume,
-                       jsonl_path=(os.path.join(ckdir, "history.jsonl") if ckdir else
-                                   args.history_dir and os.path.join(
-                                       args.history_dir, f"{run}.jsonl")))
+                       resume=args.resume, jsonl_path=history)
         wall = time.perf_counter() - t0
         rounds = res.history[-1]["round"]
         derive = run == "local" and args.attack == "none"

@@ -102,6 +102,31 @@ def test_ditto_fmnist_smoke(tmp_path):
     assert "snapshot" not in snap[-1]["config"]
 
 
+def test_ditto_fmnist_snapshot_of_a_history_dir(tmp_path):
+    """A run given --history-dir leaves its evaluations and a meta file beside
+    them; --snapshot turns them into in_progress records that carry the meta
+    file's machine, commit and date (the process that ran, e.g. on a GPU),
+    not those of the process taking the snapshot."""
+    import json
+
+    mod = _small_ditto_fmnist()
+    hist = tmp_path / "hist"
+    args = ["--num-clients", "20", "--rounds", "2", "--eval-every", "1",
+            "--lam-selection", "fixed", "--splits", "val", "test",
+            "--history-dir", str(hist)]
+    rows = mod.main([*args, "--out", str(tmp_path / "f.jsonl")])[:-1]
+    made = json.loads((hist / "ditto.meta.json").read_text())
+    assert made["config"]["rounds"] == 2 and made["run"] == "ditto"
+    made.update(git_sha="a1b2c3d", device_kind="NVIDIA H200", date="2026-11-28T05:30:00")
+    (hist / "ditto.meta.json").write_text(json.dumps(made))
+    snap = mod.main([*args, "--out", str(tmp_path / "s.jsonl"), "--snapshot"])
+    assert [r["round"] for r in snap] == [0, 1, 2] and all(r["in_progress"] for r in snap)
+    assert {(r["git_sha"], r["device_kind"], r["date"]) for r in snap} == {
+        ("a1b2c3d", "NVIDIA H200", "2026-11-28T05:30:00")}
+    assert snap[-1]["personal/test/accuracy/mean"] == rows[-1][
+        "personal/test/accuracy/mean"]
+
+
 def test_ditto_fmnist_term(tmp_path):
     """TERM (--runs term) at tilt 0 is the plain mean: Ditto's global model
     (FedAvg's trajectory), evaluation for evaluation; the report names it
