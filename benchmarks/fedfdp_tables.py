@@ -39,6 +39,7 @@ import time
 
 import jax
 import numpy as np
+import optax
 
 from fedjax_pfl import privacy
 from fedjax_pfl.core import EngineConfig, simulate
@@ -279,6 +280,7 @@ def main(argv=None):
                            checkpoint_dir=ckdir, checkpoint_every=args.checkpoint_every,
                            resume=args.resume)
             last = res.history[-1]
+            glob = alg.eval_models(res.state, fed.test, jax.random.key(0))["global"]
             rec = {**_meta(), "dataset": ds, "method": m, "seed": args.seed,
                    "partition_seed": part_seed, "alpha": args.alpha,
                    "clients": fed.num_clients,
@@ -291,6 +293,8 @@ def main(argv=None):
                        "fair_clip": args.fair_clip} if m == "fedfdp" else {}),
                    "not_accounted": None if mech is None else mech.reason,
                    "lr": args.lr if m in PRIVATE else args.lr_nonprivate,
+                   # the global model's size (DP-FedDyn's grows, docs/results/privacy.md)
+                   "global/param_norm": float(optax.tree.norm(glob.params)),
                    **{k: v for k, v in last.items()
                       if k.startswith(("global/", "round", "train/"))}}
             records.append(rec)

@@ -601,6 +601,9 @@ def test_fedfdp_tables_smoke(tmp_path):
     assert by["fedfdp"]["round"] == 2 and by["dp_fedavg"]["round"] >= 2
     assert by["dp_fedavg"]["epsilon"] <= by["fedfdp"]["target_epsilon"] + 1e-9
     assert "| mnist | fedfdp [3 clients] | 2 |" in _load("fedfdp_tables").report(str(out))
+    # the global model's size, from its evaluation view
+    assert all(np.isfinite(r["global/param_norm"]) and r["global/param_norm"] > 1
+               for r in recs)
 
 
 def test_conv_loop_smoke(tmp_path):
