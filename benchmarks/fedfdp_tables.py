@@ -20,8 +20,9 @@ every DP baseline gets the largest T with the SAME epsilon (DP-FedAvg,
 -SCAFFOLD, -FedProx and -FedDyn spend nothing on loss releases, so they run
 more rounds; DP-q-FFL releases one loss a round, as FedFDP). The non-private
 runs take ``--rounds`` at ``--lr-nonprivate`` 0.1 (the paper gives no lr; at
-1.0 the CNN is at chance after 40 rounds and its loss NaN by round 1,000). ``--alpha`` and ``--clients`` change the partition (the
-paper's Tables 4-5); ``--model mlp`` is the CPU-scale model of the sweeps.
+1.0 the CNN is at chance after 40 rounds and its loss NaN by round 1,000).
+``--alpha`` and ``--clients`` change the partition (the paper's Tables 4-5);
+``--model mlp`` is the CPU-scale model of the sweeps.
 Reported: the global model's test accuracy over all test rows (sample-weighted
 mean over clients) and Psi (the training-size-weighted variance of the clients'
 test losses, FedFDP eq. 6). Writes JSON lines (``--out``).
@@ -280,7 +281,8 @@ def main(argv=None):
                            checkpoint_dir=ckdir, checkpoint_every=args.checkpoint_every,
                            resume=args.resume)
             last = res.history[-1]
-            glob = alg.eval_models(res.state, fed.test, jax.random.key(0))["global"]
+            global_view = alg.eval_models(res.state, fed.test,
+                                          jax.random.key(0))["global"]
             rec = {**_meta(), "dataset": ds, "method": m, "seed": args.seed,
                    "partition_seed": part_seed, "alpha": args.alpha,
                    "clients": fed.num_clients,
@@ -294,7 +296,7 @@ def main(argv=None):
                    "not_accounted": None if mech is None else mech.reason,
                    "lr": args.lr if m in PRIVATE else args.lr_nonprivate,
                    # the global model's size (DP-FedDyn's grows, docs/results/privacy.md)
-                   "global/param_norm": float(optax.tree.norm(glob.params)),
+                   "global/param_norm": float(optax.tree.norm(global_view.params)),
                    **{k: v for k, v in last.items()
                       if k.startswith(("global/", "round", "train/"))}}
             records.append(rec)

@@ -107,8 +107,6 @@ def test_ditto_fmnist_snapshot_of_a_history_dir(tmp_path):
     them; --snapshot turns them into in_progress records that carry the meta
     file's machine, commit and date (the process that ran, e.g. on a GPU),
     not those of the process taking the snapshot."""
-    import json
-
     mod = _small_ditto_fmnist()
     hist = tmp_path / "hist"
     args = ["--num-clients", "20", "--rounds", "2", "--eval-every", "1",
