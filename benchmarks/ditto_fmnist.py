@@ -218,18 +218,17 @@ def report(path: str) -> str:
     return "\n".join(lines)
 
 
-def _history_paths(args, run) -> tuple[str | None, str | None]:
+def _history_paths(ckdir, history_dir, run) -> tuple[str | None, str | None]:
     """Where a run's evaluations go as they come, and the file beside them that
     names the machine, commit, date and configuration of the process that last
-    started the run:
-    DIR/<run>/history.jsonl and meta.json under --checkpoint-dir,
-    DIR/<run>.jsonl and DIR/<run>.meta.json under --history-dir, else none."""
-    if args.checkpoint_dir:
-        d = os.path.join(args.checkpoint_dir, run)
-        return os.path.join(d, "history.jsonl"), os.path.join(d, "meta.json")
-    if args.history_dir:
-        return (os.path.join(args.history_dir, f"{run}.jsonl"),
-                os.path.join(args.history_dir, f"{run}.meta.json"))
+    started the run: history.jsonl and meta.json in the run's checkpoint
+    folder ``ckdir``, else DIR/<run>.jsonl and DIR/<run>.meta.json under
+    --history-dir, else none."""
+    if ckdir:
+        return os.path.join(ckdir, "history.jsonl"), os.path.join(ckdir, "meta.json")
+    if history_dir:
+        return (os.path.join(history_dir, f"{run}.jsonl"),
+                os.path.join(history_dir, f"{run}.meta.json"))
     return None, None
 
 
@@ -327,18 +326,17 @@ def main(argv=None):
                           "model": "ditto_fmnist_cnn", **{
                    k: v for k, v in common.items() if k not in ("attack", "malicious")},
                    "strong_attack": strong, "plateau": stop and stop._asdict()}}
-        history, meta_path = _history_paths(args, run)
+        history, meta_path = _history_paths(ckdir, args.history_dir, run)
         if args.snapshot:
             if not os.path.exists(history):
                 print(f"{run}: no history at {history}")
                 continue
             rows = read_jsonl(history)
-            made = meta
+            made = {**meta, **tag}
             if os.path.exists(meta_path):  # the run's own machine, commit and date
                 with open(meta_path) as fh:
                     made = json.load(fh)
-            recs = [{**meta, **tag, **made, "in_progress": True, **row}
-                    for row in rows]
+            recs = [{**made, "in_progress": True, **row} for row in rows]
             write_jsonl(args.out, recs)
             records += recs
             print(f"{run}: {len(rows)} evaluations to round {rows[-1]['round']}, "
