@@ -11,7 +11,8 @@ parameters), every client every round, one local step of lr 1 on a Poisson batch
 of rate q = 0.05; private runs clip at C = 0.1 with noise multiplier 2, FedFDP
 releases its loss with C_loss = 2.5, sigma_loss = 5, lam = 0.1. The baselines'
 own hyperparameters are not in the paper: FedProx mu 0.001, FedDyn alpha 0.01,
-q-FFL q 1 (ours, ``_presets.FEDFDP_BASELINES``); DP-q-FFL releases its loss as
+q-FFL q 1 (ours, ``_presets.FEDFDP_BASELINES``; ``--fedprox-mu``,
+``--feddyn-alpha``, ``--qffl-q`` change them); DP-q-FFL releases its loss as
 FedFDP does.
 
 CPU-scale: the paper runs T ~ 683-880 rounds at epsilon 3.52; here
@@ -111,6 +112,17 @@ def plan_rounds(args) -> tuple[float, dict[str, int]]:
     return eps, {m: plan.get(m, args.rounds) for m in METHODS}
 
 
+# a baseline's own hyperparameter: its record key and FEDFDP_BASELINES' name
+_BASELINE_KEYS = {"fedprox": ("fedprox_mu", "mu"), "feddyn": ("feddyn_alpha", "alpha"),
+                  "qffl": ("qffl_q", "qffl_q")}
+
+
+def _baseline_options(args, method) -> dict:
+    """The record keys of ``method``'s own hyperparameter ({} for the others)."""
+    key = _BASELINE_KEYS.get(method.removeprefix("dp_"))
+    return {} if key is None else {key[0]: getattr(args, key[0])}
+
+
 def _variant(r) -> str:
     """What sets a record apart from the paper's setting, as a suffix of its
     method's name (empty for the paper's CNN, lambda 0.1, C 0.1, a non-private
@@ -126,6 +138,9 @@ def _variant(r) -> str:
         out += f" [lr {r['lr']:g}]"
     if r["method"] in PRIVATE and r.get("clip", 0.1) != 0.1:
         out += f" [C {r['clip']:g}]"
+    for key, name in _BASELINE_KEYS.values():
+        if r.get(key, _presets.FEDFDP_BASELINES[name]) != _presets.FEDFDP_BASELINES[name]:
+            out += f" [{key.replace('_', ' ')} {r[key]:g}]"
     if r.get("loss_clip_floor"):
         out += f" [loss-bound floor {r['loss_clip_floor']:g}]"
     if r.get("fair_clip", "sign_preserving") != "sign_preserving":
@@ -229,6 +244,13 @@ def main(argv=None):
     p.add_argument("--model", default="cnn", choices=sorted(MODELS),
                    help="the paper's FedAvgCNN, or the sweeps' MLP (CPU-scale)")
     add_fedfdp_options(p)
+    base = _presets.FEDFDP_BASELINES
+    p.add_argument("--fedprox-mu", type=float, default=base["mu"],
+                   help="(DP-)FedProx's mu (the paper gives none)")
+    p.add_argument("--feddyn-alpha", type=float, default=base["alpha"],
+                   help="(DP-)FedDyn's alpha (the paper gives none; PFLlib's default is 1)")
+    p.add_argument("--qffl-q", type=float, default=base["qffl_q"],
+                   help="(DP-)q-FFL's q (the paper gives none)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--partition-seed", type=int, default=None,
                    help="the Dirichlet partition's seed (default: --seed; the "
@@ -248,6 +270,11 @@ def main(argv=None):
         return []
     if not args.alpha > 0:
         p.error(f"--alpha: must be > 0, got {args.alpha}")
+    if not (args.fedprox_mu >= 0 and args.feddyn_alpha > 0 and args.qffl_q >= 0
+            and np.isfinite([args.fedprox_mu, args.feddyn_alpha, args.qffl_q]).all()):
+        p.error("--fedprox-mu, --qffl-q: must be finite and >= 0; --feddyn-alpha: "
+                f"finite and > 0; got {args.fedprox_mu}, {args.qffl_q}, "
+                f"{args.feddyn_alpha}")
     if args.clients < 2:
         p.error(f"--clients: must be at least 2, got {args.clients}")
     eps, rounds = plan_rounds(args)
@@ -267,7 +294,9 @@ def main(argv=None):
                 lam=args.lam, clip=args.clip, sigma=args.sigma,
                 sigma_loss=args.sigma_loss, num_clients=fed.num_clients,
                 normalize=args.normalize, loss_clip_floor=args.loss_clip_floor,
-                fair_clip=args.fair_clip)
+                fair_clip=args.fair_clip,
+                baselines={"mu": args.fedprox_mu, "alpha": args.feddyn_alpha,
+                           "qffl_q": args.qffl_q})
             mech = alg.privacy(fed) if m in PRIVATE else None
             mon = (privacy.Monitor(mech, DELTA) if mech is not None and mech.accounted
                    else None)
@@ -293,6 +322,7 @@ def main(argv=None):
                    "model": args.model,  # FedFDP's own options only on its rows
                    **({"loss_clip_floor": args.loss_clip_floor,
                        "fair_clip": args.fair_clip} if m == "fedfdp" else {}),
+                   **_baseline_options(args, m),
                    "not_accounted": None if mech is None else mech.reason,
                    "lr": args.lr if m in PRIVATE else args.lr_nonprivate,
                    # the global model's size (DP-FedDyn's grows, docs/results/privacy.md)

@@ -396,7 +396,8 @@ FEDFDP_BASELINES = {"mu": 0.001, "alpha": 0.01, "qffl_q": 1.0}
 
 def fedfdp_algorithm(method, model, *, q, lr, lam, clip, sigma, sigma_loss,
                      num_clients, normalize="expected", loss_clip=2.5,
-                     loss_clip_floor=0.0, fair_clip="sign_preserving"):
+                     loss_clip_floor=0.0, fair_clip="sign_preserving",
+                     baselines=None):
     """FedFDP Tables 1-2 methods, every client every round, one local step on
     a Poisson(q) batch: fedavg (= FedFair with lam 0), fedfair, fedfdp; the
     DP baselines dp_fedavg (DP-FedSGD), dp_scaffold, dp_fedprox, dp_feddyn,
@@ -404,8 +405,15 @@ def fedfdp_algorithm(method, model, *, q, lr, lam, clip, sigma, sigma_loss,
     ``loss_clip`` and multiplier ``sigma_loss``, as FedFDP); and the
     non-private scaffold, fedprox, feddyn, qffl: the DP factories with no clip
     and no noise (the same Poisson batches and normaliser as the FedAvg and
-    FedFair rows). The baselines' own hyperparameters: FEDFDP_BASELINES.
+    FedFair rows). The baselines' own hyperparameters: FEDFDP_BASELINES, each
+    replaced by its entry in ``baselines`` (a dict with keys among ``mu``,
+    ``alpha``, ``qffl_q``; ``ValueError`` for any other key).
     ``loss_clip_floor`` and ``fair_clip`` are FedFDP's (``algorithms.fedfdp``)."""
+    unknown = sorted(set(baselines or {}) - set(FEDFDP_BASELINES))
+    if unknown:
+        raise ValueError(f"baselines: unknown keys {unknown}; allowed "
+                         f"{sorted(FEDFDP_BASELINES)}")
+    b = {**FEDFDP_BASELINES, **(baselines or {})}
     common = dict(sampling_rate=q, client_lr=lr, normalize=normalize)
     if method in ("fedavg", "fedfair"):
         return algorithms.fedfair(model, lam=lam if method == "fedfair" else 0.0,
@@ -423,7 +431,6 @@ def fedfdp_algorithm(method, model, *, q, lr, lam, clip, sigma, sigma_loss,
     dp = dict(common, cohort="full", cohort_size=num_clients,
               clip=clip if private else np.inf,
               noise_multiplier=sigma if private else 0.0)
-    b = FEDFDP_BASELINES
     if base == "qffl":
         return algorithms.dp_qffl(
             model, q=b["qffl_q"], loss_clip=loss_clip if private else np.inf,
