@@ -10,7 +10,7 @@ pixels normalized to [-1, 1], 10 clients by Dirichlet(0.1) label skew (seed 1,
 parameters), every client every round, one local step of lr 1 on a Poisson batch
 of rate q = 0.05; private runs clip at C = 0.1 with noise multiplier 2, FedFDP
 releases its loss with C_loss = 2.5, sigma_loss = 5, lam = 0.1. The baselines'
-own hyperparameters are not in the paper: FedProx mu 0.001, FedDyn alpha 0.01,
+own hyperparameters are not in the paper: FedProx mu 0.001, FedDyn alpha 1,
 q-FFL q 1 (ours, ``_presets.FEDFDP_BASELINES``; ``--fedprox-mu``,
 ``--feddyn-alpha``, ``--qffl-q`` change them); DP-q-FFL releases its loss as
 FedFDP does.
@@ -112,9 +112,11 @@ def plan_rounds(args) -> tuple[float, dict[str, int]]:
     return eps, {m: plan.get(m, args.rounds) for m in METHODS}
 
 
-# a baseline's own hyperparameter: its record key and FEDFDP_BASELINES' name
-_BASELINE_KEYS = {"fedprox": ("fedprox_mu", "mu"), "feddyn": ("feddyn_alpha", "alpha"),
-                  "qffl": ("qffl_q", "qffl_q")}
+# a baseline's own hyperparameter: its record key, FEDFDP_BASELINES' name, and
+# its value in the records made before the key (FedDyn's alpha was 0.01 then)
+_BASELINE_KEYS = {"fedprox": ("fedprox_mu", "mu", 0.001),
+                  "feddyn": ("feddyn_alpha", "alpha", 0.01),
+                  "qffl": ("qffl_q", "qffl_q", 1.0)}
 
 
 def _baseline_options(args, method) -> dict:
@@ -138,9 +140,10 @@ def _variant(r) -> str:
         out += f" [lr {r['lr']:g}]"
     if r["method"] in PRIVATE and r.get("clip", 0.1) != 0.1:
         out += f" [C {r['clip']:g}]"
-    for key, name in _BASELINE_KEYS.values():
-        if r.get(key, _presets.FEDFDP_BASELINES[name]) != _presets.FEDFDP_BASELINES[name]:
-            out += f" [{key.replace('_', ' ')} {r[key]:g}]"
+    if r["method"].removeprefix("dp_") in _BASELINE_KEYS:
+        key, name, before = _BASELINE_KEYS[r["method"].removeprefix("dp_")]
+        if r.get(key, before) != _presets.FEDFDP_BASELINES[name]:
+            out += f" [{key.replace('_', ' ')} {r.get(key, before):g}]"
     if r.get("loss_clip_floor"):
         out += f" [loss-bound floor {r['loss_clip_floor']:g}]"
     if r.get("fair_clip", "sign_preserving") != "sign_preserving":
@@ -248,7 +251,8 @@ def main(argv=None):
     p.add_argument("--fedprox-mu", type=float, default=base["mu"],
                    help="(DP-)FedProx's mu (the paper gives none)")
     p.add_argument("--feddyn-alpha", type=float, default=base["alpha"],
-                   help="(DP-)FedDyn's alpha (the paper gives none; PFLlib's default is 1)")
+                   help="(DP-)FedDyn's alpha (the paper gives none; 1 is PFLlib's "
+                        "default; records made before 2026-11-28 used 0.01)")
     p.add_argument("--qffl-q", type=float, default=base["qffl_q"],
                    help="(DP-)q-FFL's q (the paper gives none)")
     p.add_argument("--seed", type=int, default=1)

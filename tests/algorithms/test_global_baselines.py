@@ -199,6 +199,26 @@ def test_feddyn_matches_point_oracle():
     np.testing.assert_allclose(np.asarray(st.clients["w"])[:, 0], g, atol=1e-5)
 
 
+def test_feddyn_one_local_step_is_a_momentum_method():
+    """With one local step and every client every round (FedFDP's tables),
+    FedDyn is a momentum method (docs/baselines-global.md): with the mean
+    gradient ``d_t = mean_k grad F_k(w_t)`` and ``g_t = mean_k grad_k``,
+    ``w_{t+1} = w_t - g_t / alpha - 2 lr (d_t - g_t)`` and
+    ``g_{t+1} = g_t + alpha lr (d_t - g_t)``: the model moves by ``1/alpha``
+    times a running average of the gradients with weight ``alpha lr``."""
+    d, ybar, _ = _point_data()
+    num, lr = 5, 0.2
+    for alpha in (0.1, 1 / lr):
+        w, g = 0.0, 0.0
+        for _ in range(6):
+            grad = np.mean(w - ybar)
+            w, g = w - g / alpha - 2 * lr * (grad - g), g + alpha * lr * (grad - g)
+        alg = algorithms.feddyn(POINT, alpha=alpha, client_lr=lr, num_local_steps=1,
+                                cohort_size=num, cohort="full", weighted=False, **FULL)
+        st = _run(alg, d, 6, engine=VMAP1)
+        np.testing.assert_allclose(_w(st.server.params), w, rtol=1e-5, atol=1e-5)
+
+
 # ------------------------------------------------------------------ q-FFL
 
 

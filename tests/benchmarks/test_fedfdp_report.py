@@ -83,20 +83,24 @@ def test_report_names_a_nonprivate_lr_and_marks_a_diverged_run(tmp_path):
 
 
 def test_report_names_a_baselines_own_hyperparameter(tmp_path):
-    """A FedDyn row at another alpha than FEDFDP_BASELINES' says so; at the
-    default (or in a record made before the option) it does not."""
+    """A FedDyn row at another alpha than FEDFDP_BASELINES' (1) says so; a
+    record made before the option ran at 0.01 and says so too; the option
+    never labels another method's row."""
     path = tmp_path / "r.jsonl"
     base = {"dataset": "mnist", "method": "feddyn", "seed": 1, "round": 782,
             "wall_s": 60.0, "lr": 0.1, "global/test/accuracy/mean": 0.9,
             "global/test/loss/psi": 0.01}
     recs = [base, {**base, "feddyn_alpha": 1.0, "global/test/accuracy/mean": 0.95},
-            {**base, "method": "dp_feddyn", "clip": 0.1, "feddyn_alpha": 0.01}]
+            {**base, "feddyn_alpha": 0.1, "global/test/accuracy/mean": 0.75},
+            {**base, "method": "dp_feddyn", "clip": 0.1, "feddyn_alpha": 1.0},
+            {**base, "method": "fedavg", "global/test/accuracy/mean": 0.94}]
     path.write_text("".join(json.dumps(r) + "\n" for r in recs))
     lines = ft.report(str(path)).splitlines()
-    assert any(x.startswith("| mnist | feddyn | 782 | - | - | 90.00 |") for x in lines)
-    assert any(x.startswith("| mnist | feddyn [feddyn alpha 1] | 782 | - | - | 95.00 |")
-               for x in lines)
-    assert any(x.startswith("| mnist | dp_feddyn | 782 |") for x in lines)
+    for start in ("| mnist | feddyn [feddyn alpha 0.01] | 782 | - | - | 90.00 |",
+                  "| mnist | feddyn | 782 | - | - | 95.00 |",
+                  "| mnist | feddyn [feddyn alpha 0.1] | 782 | - | - | 75.00 |",
+                  "| mnist | dp_feddyn | 782 |", "| mnist | fedavg | 782 | - | - | 94.00 |"):
+        assert any(x.startswith(start) for x in lines), start
 
 
 def test_bad_baseline_hyperparameters_are_refused_by_name(capsys):
