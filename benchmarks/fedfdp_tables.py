@@ -12,8 +12,8 @@ of rate q = 0.05; private runs clip at C = 0.1 with noise multiplier 2, FedFDP
 releases its loss with C_loss = 2.5, sigma_loss = 5, lam = 0.1. The baselines'
 own hyperparameters are not in the paper: FedProx mu 0.001, FedDyn alpha 1,
 q-FFL q 1 (ours, ``_presets.FEDFDP_BASELINES``; ``--fedprox-mu``,
-``--feddyn-alpha``, ``--qffl-q`` change them); DP-q-FFL releases its loss as
-FedFDP does.
+``--feddyn-alpha``, ``--qffl-q`` change them; ``--server-momentum`` gives
+DP-FedAvg a server momentum); DP-q-FFL releases its loss as FedFDP does.
 
 CPU-scale: the paper runs T ~ 683-880 rounds at epsilon 3.52; here
 ``--target-epsilon`` is smaller so that FedFDP fits ``--rounds`` rounds, and
@@ -114,14 +114,17 @@ def plan_rounds(args) -> tuple[float, dict[str, int]]:
 
 # a baseline's own hyperparameter: its record key, FEDFDP_BASELINES' name, and
 # its value in the records made before the key (FedDyn's alpha was 0.01 then)
-_BASELINE_KEYS = {"fedprox": ("fedprox_mu", "mu", 0.001),
-                  "feddyn": ("feddyn_alpha", "alpha", 0.01),
-                  "qffl": ("qffl_q", "qffl_q", 1.0)}
+_BASELINE_KEYS = {
+    **{m: key for base, key in (("fedprox", ("fedprox_mu", "mu", 0.001)),
+                                ("feddyn", ("feddyn_alpha", "alpha", 0.01)),
+                                ("qffl", ("qffl_q", "qffl_q", 1.0)))
+       for m in (base, "dp_" + base)},
+    "dp_fedavg": ("server_momentum", "server_momentum", 0.0)}
 
 
 def _baseline_options(args, method) -> dict:
     """The record keys of ``method``'s own hyperparameter ({} for the others)."""
-    key = _BASELINE_KEYS.get(method.removeprefix("dp_"))
+    key = _BASELINE_KEYS.get(method)
     return {} if key is None else {key[0]: getattr(args, key[0])}
 
 
@@ -140,8 +143,8 @@ def _variant(r) -> str:
         out += f" [lr {r['lr']:g}]"
     if r["method"] in PRIVATE and r.get("clip", 0.1) != 0.1:
         out += f" [C {r['clip']:g}]"
-    if r["method"].removeprefix("dp_") in _BASELINE_KEYS:
-        key, name, before = _BASELINE_KEYS[r["method"].removeprefix("dp_")]
+    if r["method"] in _BASELINE_KEYS:
+        key, name, before = _BASELINE_KEYS[r["method"]]
         if r.get(key, before) != _presets.FEDFDP_BASELINES[name]:
             out += f" [{key.replace('_', ' ')} {r.get(key, before):g}]"
     if r.get("loss_clip_floor"):
@@ -255,6 +258,8 @@ def main(argv=None):
                         "default; records made before 2026-11-28 used 0.01)")
     p.add_argument("--qffl-q", type=float, default=base["qffl_q"],
                    help="(DP-)q-FFL's q (the paper gives none)")
+    p.add_argument("--server-momentum", type=float, default=base["server_momentum"],
+                   help="DP-FedAvg's server SGD momentum (0: the paper's DP-FedAvg)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--partition-seed", type=int, default=None,
                    help="the Dirichlet partition's seed (default: --seed; the "
@@ -279,6 +284,8 @@ def main(argv=None):
         p.error("--fedprox-mu, --qffl-q: must be finite and >= 0; --feddyn-alpha: "
                 f"finite and > 0; got {args.fedprox_mu}, {args.qffl_q}, "
                 f"{args.feddyn_alpha}")
+    if not 0 <= args.server_momentum < 1:
+        p.error(f"--server-momentum: must be in [0, 1), got {args.server_momentum}")
     if args.clients < 2:
         p.error(f"--clients: must be at least 2, got {args.clients}")
     eps, rounds = plan_rounds(args)
@@ -300,7 +307,8 @@ def main(argv=None):
                 normalize=args.normalize, loss_clip_floor=args.loss_clip_floor,
                 fair_clip=args.fair_clip,
                 baselines={"mu": args.fedprox_mu, "alpha": args.feddyn_alpha,
-                           "qffl_q": args.qffl_q})
+                           "qffl_q": args.qffl_q,
+                           "server_momentum": args.server_momentum})
             mech = alg.privacy(fed) if m in PRIVATE else None
             mon = (privacy.Monitor(mech, DELTA) if mech is not None and mech.accounted
                    else None)

@@ -8,6 +8,7 @@ CPU forces a smaller run (rounds), the preset says so in ``scaled``.
 from __future__ import annotations
 
 import numpy as np
+import optax
 
 from fedjax_pfl import aggregators, algorithms, attacks, data, models, privacy
 
@@ -393,7 +394,8 @@ FEDFDP_PRIVATE = ("dp_fedavg", "dp_scaffold", "dp_fedprox", "dp_feddyn", "dp_qff
                   "fedfdp")
 # the paper gives none: mu is PFLlib's example value, alpha PFLlib's default
 # (the authors' code is a PFLlib fork; 0.01 until 2026-11-28, see docs/privacy.md)
-FEDFDP_BASELINES = {"mu": 0.001, "alpha": 1.0, "qffl_q": 1.0}
+# server_momentum: DP-FedAvg's server SGD momentum (0: the paper's DP-FedAvg)
+FEDFDP_BASELINES = {"mu": 0.001, "alpha": 1.0, "qffl_q": 1.0, "server_momentum": 0.0}
 
 
 def fedfdp_algorithm(method, model, *, q, lr, lam, clip, sigma, sigma_loss,
@@ -409,7 +411,8 @@ def fedfdp_algorithm(method, model, *, q, lr, lam, clip, sigma, sigma_loss,
     and no noise (the same Poisson batches and normaliser as the FedAvg and
     FedFair rows). The baselines' own hyperparameters: FEDFDP_BASELINES, each
     replaced by its entry in ``baselines`` (a dict with keys among ``mu``,
-    ``alpha``, ``qffl_q``; ``ValueError`` for any other key).
+    ``alpha``, ``qffl_q``, ``server_momentum``, the last DP-FedAvg's server SGD
+    momentum; ``ValueError`` for any other key).
     ``loss_clip_floor`` and ``fair_clip`` are FedFDP's (``algorithms.fedfdp``)."""
     unknown = sorted(set(baselines or {}) - set(FEDFDP_BASELINES))
     if unknown:
@@ -437,7 +440,9 @@ def fedfdp_algorithm(method, model, *, q, lr, lam, clip, sigma, sigma_loss,
         return algorithms.dp_qffl(
             model, q=b["qffl_q"], loss_clip=loss_clip if private else np.inf,
             loss_noise_multiplier=sigma_loss if private else 0.0, **dp)
-    extra = {"fedavg": {}, "scaffold": {}, "fedprox": {"mu": b["mu"]},
+    momentum = ({"server_optimizer": optax.sgd(1.0, momentum=b["server_momentum"])}
+                if private and b["server_momentum"] else {})
+    extra = {"fedavg": momentum, "scaffold": {}, "fedprox": {"mu": b["mu"]},
              "feddyn": {"alpha": b["alpha"]}}[base]
     return getattr(algorithms, f"dp_{base}")(model, num_local_steps=1, **extra, **dp)
 
