@@ -13,7 +13,7 @@ releases its loss with C_loss = 2.5, sigma_loss = 5, lam = 0.1. The baselines'
 own hyperparameters are not in the paper: FedProx mu 0.001, FedDyn alpha 1,
 q-FFL q 1 (ours, ``_presets.FEDFDP_BASELINES``; ``--fedprox-mu``,
 ``--feddyn-alpha``, ``--qffl-q`` change them; ``--server-momentum`` gives
-DP-FedAvg a server momentum); DP-q-FFL releases its loss as FedFDP does.
+DP-FedAvg and FedFDP a server momentum); DP-q-FFL releases its loss as FedFDP does.
 
 CPU-scale: the paper runs T ~ 683-880 rounds at epsilon 3.52; here
 ``--target-epsilon`` is smaller so that FedFDP fits ``--rounds`` rounds, and
@@ -119,7 +119,7 @@ _BASELINE_KEYS = {
                                 ("feddyn", ("feddyn_alpha", "alpha", 0.01)),
                                 ("qffl", ("qffl_q", "qffl_q", 1.0)))
        for m in (base, "dp_" + base)},
-    "dp_fedavg": ("server_momentum", "server_momentum", 0.0)}
+    **{m: ("server_momentum", "server_momentum", 0.0) for m in ("dp_fedavg", "fedfdp")}}
 
 
 def _baseline_options(args, method) -> dict:
@@ -259,7 +259,7 @@ def main(argv=None):
     p.add_argument("--qffl-q", type=float, default=base["qffl_q"],
                    help="(DP-)q-FFL's q (the paper gives none)")
     p.add_argument("--server-momentum", type=float, default=base["server_momentum"],
-                   help="DP-FedAvg's server SGD momentum (0: the paper's DP-FedAvg)")
+                   help="DP-FedAvg's and FedFDP's server SGD momentum (0: the paper's)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--partition-seed", type=int, default=None,
                    help="the Dirichlet partition's seed (default: --seed; the "

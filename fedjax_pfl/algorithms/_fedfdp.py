@@ -24,6 +24,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from fedjax_pfl.core import (
     Algorithm,
@@ -59,10 +60,12 @@ WEIGHTINGS = ("per_sample", "batch")
 
 class FedFDPServerState(NamedTuple):
     """FedFDP's server: the global ``params`` and ``fhat``, its estimate of the
-    global loss that the clients' fairness weights compare with."""
+    global loss that the clients' fairness weights compare with, and the
+    server optimizer's state (``()`` without one)."""
 
     params: object
     fhat: jax.Array  # the global-loss estimate F_hat (0 before round 0)
+    opt_state: object = ()
 
 
 class FedFDPClientState(NamedTuple):
@@ -145,6 +148,7 @@ def fedfdp(
     chunk_size: int | None = None,
     cohort_size: int = 10,
     cohort: str = "uniform",
+    server_optimizer: optax.GradientTransformation | None = None,
     attack=None,
     malicious=None,
 ) -> Algorithm:
@@ -184,6 +188,9 @@ def fedfdp(
         loss (eq. 14); ``False`` keeps ``loss_clip`` (FedFair).
       max_batch_size, clip_method, chunk_size: see ``dp_fedavg``.
       cohort_size, cohort: default every client every round (the paper).
+      server_optimizer: optax transformation applied to the pseudo-gradient
+        ``-delta`` (``None``, the paper: ``w <- w + delta``; e.g.
+        ``optax.sgd(1.0, momentum=0.9)``, post-processing of the release).
       attack, malicious: an :class:`fedjax_pfl.attacks.UpdateAttack` that the
         engine applies to the uploads of the clients flagged in the
         ``[num_clients]`` bool mask (after their DP noise: the attacker controls
@@ -216,8 +223,10 @@ def fedfdp(
         check_malicious(malicious, data.num_clients)
         params = model.init(key)
         c0 = jnp.full((data.num_clients,), loss_clip, jnp.float32)
-        return AlgorithmState(FedFDPServerState(params, jnp.zeros((), jnp.float32)),
-                              FedFDPClientState(c0), jnp.zeros((), jnp.int32))
+        opt_state = () if server_optimizer is None else server_optimizer.init(params)
+        return AlgorithmState(
+            FedFDPServerState(params, jnp.zeros((), jnp.float32), opt_state),
+            FedFDPClientState(c0), jnp.zeros((), jnp.int32))
 
     fc = FedFDPConfig(model, client_lr, num_local_steps, dp, lam, weighting,
                       loss_noise_multiplier, loss_clip_floor, adaptive_loss_clip)
@@ -227,8 +236,13 @@ def fedfdp(
         delta = jax.tree.map(lambda u: u[0], updates)  # the engine's streamed mean
         n = metrics["num_examples"]
         fhat = jnp.sum(n * metrics["released_loss"]) / jnp.sum(n)
-        params = jax.tree.map(jnp.add, server.params, delta)
-        return FedFDPServerState(params, fhat), {"server/fhat": fhat}
+        if server_optimizer is None:
+            params, opt_state = jax.tree.map(jnp.add, server.params, delta), ()
+        else:
+            upd, opt_state = server_optimizer.update(
+                jax.tree.map(jnp.negative, delta), server.opt_state, server.params)
+            params = optax.apply_updates(server.params, upd)
+        return FedFDPServerState(params, fhat, opt_state), {"server/fhat": fhat}
 
     step = round_step(functools.partial(fedfdp_client, fc), server_fn,
                       cohort_size=cohort_size, cohort=cohort,

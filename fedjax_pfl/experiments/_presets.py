@@ -394,7 +394,7 @@ FEDFDP_PRIVATE = ("dp_fedavg", "dp_scaffold", "dp_fedprox", "dp_feddyn", "dp_qff
                   "fedfdp")
 # the paper gives none: mu is PFLlib's example value, alpha PFLlib's default
 # (the authors' code is a PFLlib fork; 0.01 until 2026-11-28, see docs/privacy.md)
-# server_momentum: DP-FedAvg's server SGD momentum (0: the paper's DP-FedAvg)
+# server_momentum: DP-FedAvg's and FedFDP's server SGD momentum (0: the paper's)
 FEDFDP_BASELINES = {"mu": 0.001, "alpha": 1.0, "qffl_q": 1.0, "server_momentum": 0.0}
 
 
@@ -411,8 +411,8 @@ def fedfdp_algorithm(method, model, *, q, lr, lam, clip, sigma, sigma_loss,
     and no noise (the same Poisson batches and normaliser as the FedAvg and
     FedFair rows). The baselines' own hyperparameters: FEDFDP_BASELINES, each
     replaced by its entry in ``baselines`` (a dict with keys among ``mu``,
-    ``alpha``, ``qffl_q``, ``server_momentum``, the last DP-FedAvg's server SGD
-    momentum; ``ValueError`` for any other key).
+    ``alpha``, ``qffl_q``, ``server_momentum``, the last the server SGD
+    momentum of DP-FedAvg and FedFDP; ``ValueError`` for any other key).
     ``loss_clip_floor`` and ``fair_clip`` are FedFDP's (``algorithms.fedfdp``)."""
     unknown = sorted(set(baselines or {}) - set(FEDFDP_BASELINES))
     if unknown:
@@ -420,6 +420,8 @@ def fedfdp_algorithm(method, model, *, q, lr, lam, clip, sigma, sigma_loss,
                          f"{sorted(FEDFDP_BASELINES)}")
     b = {**FEDFDP_BASELINES, **(baselines or {})}
     common = dict(sampling_rate=q, client_lr=lr, normalize=normalize)
+    momentum = ({"server_optimizer": optax.sgd(1.0, momentum=b["server_momentum"])}
+                if b["server_momentum"] else {})
     if method in ("fedavg", "fedfair"):
         return algorithms.fedfair(model, lam=lam if method == "fedfair" else 0.0,
                                   cohort="full", num_local_steps=1, **common)
@@ -427,7 +429,8 @@ def fedfdp_algorithm(method, model, *, q, lr, lam, clip, sigma, sigma_loss,
         return algorithms.fedfdp(model, lam=lam, clip=clip, noise_multiplier=sigma,
                                  loss_clip=loss_clip, loss_noise_multiplier=sigma_loss,
                                  loss_clip_floor=loss_clip_floor, fair_clip=fair_clip,
-                                 cohort="full", num_local_steps=1, **common)
+                                 cohort="full", num_local_steps=1, **momentum,
+                                 **common)
     private = method.startswith("dp_")
     base = method[3:] if private else method
     if base not in ("fedavg", "scaffold", "fedprox", "feddyn", "qffl"):
@@ -440,8 +443,6 @@ def fedfdp_algorithm(method, model, *, q, lr, lam, clip, sigma, sigma_loss,
         return algorithms.dp_qffl(
             model, q=b["qffl_q"], loss_clip=loss_clip if private else np.inf,
             loss_noise_multiplier=sigma_loss if private else 0.0, **dp)
-    momentum = ({"server_optimizer": optax.sgd(1.0, momentum=b["server_momentum"])}
-                if private and b["server_momentum"] else {})
     extra = {"fedavg": momentum, "scaffold": {}, "fedprox": {"mu": b["mu"]},
              "feddyn": {"alpha": b["alpha"]}}[base]
     return getattr(algorithms, f"dp_{base}")(model, num_local_steps=1, **extra, **dp)

@@ -94,14 +94,16 @@ def test_report_names_a_baselines_own_hyperparameter(tmp_path):
             {**base, "feddyn_alpha": 0.1, "global/test/accuracy/mean": 0.75},
             {**base, "method": "dp_feddyn", "clip": 0.1, "feddyn_alpha": 1.0},
             {**base, "method": "fedavg", "global/test/accuracy/mean": 0.94},
-            {**base, "method": "dp_fedavg", "clip": 0.1, "server_momentum": 0.9}]
+            {**base, "method": "dp_fedavg", "clip": 0.1, "server_momentum": 0.9},
+            {**base, "method": "fedfdp", "clip": 0.1, "server_momentum": 0.9}]
     path.write_text("".join(json.dumps(r) + "\n" for r in recs))
     lines = ft.report(str(path)).splitlines()
     for start in ("| mnist | feddyn [feddyn alpha 0.01] | 782 | - | - | 90.00 |",
                   "| mnist | feddyn | 782 | - | - | 95.00 |",
                   "| mnist | feddyn [feddyn alpha 0.1] | 782 | - | - | 75.00 |",
                   "| mnist | dp_feddyn | 782 |", "| mnist | fedavg | 782 | - | - | 94.00 |",
-                  "| mnist | dp_fedavg [server momentum 0.9] | 782 |"):
+                  "| mnist | dp_fedavg [server momentum 0.9] | 782 |",
+                  "| mnist | fedfdp [server momentum 0.9] | 782 |"):
         assert any(x.startswith(start) for x in lines), start
 
 

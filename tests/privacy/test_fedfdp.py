@@ -110,6 +110,38 @@ def test_lam_zero_is_dp_fedsgd_and_server_state(data):
     assert _diff(a.server.params, b.server.params) > 1e-3
 
 
+def test_server_optimizer_is_dp_fedavgs(data):
+    """``server_optimizer``: lam = 0 and no noise, FedFDP with a server momentum
+    follows DP-FedAvg with the same server optimizer over 3 rounds; sgd(1.0)
+    is the paper's plain step; the declared epsilon does not change (the server
+    step is post-processing)."""
+    import optax
+    kw = {"clip": 0.5, "noise_multiplier": 0.0, "sampling_rate": 0.3,
+          "client_lr": 0.5, "num_local_steps": 1, "cohort": "full"}
+    unroll1 = fp.EngineConfig(unroll=1)
+
+    def run(alg):
+        s = alg.init(jax.random.key(1), data)
+        return jax.jit(lambda s, d: fp.core.run_rounds(
+            alg, s, d, jax.random.key(0), 3, engine=unroll1))(s, data)[0]
+
+    def fdp(opt, noise=0.0):
+        return algorithms.fedfdp(MODEL, lam=0.0, loss_noise_multiplier=noise,
+                                 cohort_size=None, server_optimizer=opt, **kw)
+    momentum = optax.sgd(1.0, momentum=0.9)
+    ref = run(algorithms.dp_fedavg(MODEL, server_optimizer=momentum, **kw))
+    out = run(fdp(momentum))
+    assert _diff(ref.server.params, out.server.params) < 1e-6
+    plain = run(fdp(None))
+    assert _diff(plain.server.params, run(fdp(optax.sgd(1.0))).server.params) < 1e-7
+    assert _diff(plain.server.params, out.server.params) > 1e-3
+    noisy = dict(kw, noise_multiplier=1.0)
+    eps = [privacy.epsilon(algorithms.fedfdp(
+        MODEL, cohort_size=None, server_optimizer=opt, **noisy).privacy(data).event(10),
+        1e-5) for opt in (None, momentum)]
+    assert eps[0] == eps[1]
+
+
 def test_fedfair_runs_and_keeps_bounds(data):
     alg = algorithms.fedfair(MODEL, lam=0.5, sampling_rate=0.3, client_lr=0.3,
                              num_local_steps=1, cohort_size=None, cohort="full")
