@@ -4,6 +4,7 @@ as mean +- std over the seeds; each run's checkpoint folder names its settings."
 
 import json
 
+import pytest
 from helpers import load_benchmark
 
 ft = load_benchmark("fedfdp_tables")
@@ -108,7 +109,6 @@ def test_report_names_a_baselines_own_hyperparameter(tmp_path):
 
 
 def test_bad_baseline_hyperparameters_are_refused_by_name(capsys):
-    import pytest
     for bad, name in ((["--feddyn-alpha", "0"], "--feddyn-alpha"),
                       (["--fedprox-mu", "-1"], "--fedprox-mu"),
                       (["--qffl-q", "nan"], "--qffl-q"),

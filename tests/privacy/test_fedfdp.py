@@ -4,6 +4,7 @@ identity, the loss release, lam = 0 == DP-FedSGD, the server's F_hat."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 import fedjax_pfl as fp
@@ -115,7 +116,6 @@ def test_server_optimizer_is_dp_fedavgs(data):
     follows DP-FedAvg with the same server optimizer over 3 rounds; sgd(1.0)
     is the paper's plain step; the declared epsilon does not change (the server
     step is post-processing)."""
-    import optax
     kw = {"clip": 0.5, "noise_multiplier": 0.0, "sampling_rate": 0.3,
           "client_lr": 0.5, "num_local_steps": 1, "cohort": "full"}
     unroll1 = fp.EngineConfig(unroll=1)
@@ -125,8 +125,8 @@ def test_server_optimizer_is_dp_fedavgs(data):
         return jax.jit(lambda s, d: fp.core.run_rounds(
             alg, s, d, jax.random.key(0), 3, engine=unroll1))(s, data)[0]
 
-    def fdp(opt, noise=0.0):
-        return algorithms.fedfdp(MODEL, lam=0.0, loss_noise_multiplier=noise,
+    def fdp(opt):
+        return algorithms.fedfdp(MODEL, lam=0.0, loss_noise_multiplier=0.0,
                                  cohort_size=None, server_optimizer=opt, **kw)
     momentum = optax.sgd(1.0, momentum=0.9)
     ref = run(algorithms.dp_fedavg(MODEL, server_optimizer=momentum, **kw))
