@@ -306,9 +306,8 @@ def main(argv=None):
                 sigma_loss=args.sigma_loss, num_clients=fed.num_clients,
                 normalize=args.normalize, loss_clip_floor=args.loss_clip_floor,
                 fair_clip=args.fair_clip,
-                baselines={"mu": args.fedprox_mu, "alpha": args.feddyn_alpha,
-                           "qffl_q": args.qffl_q,
-                           "server_momentum": args.server_momentum})
+                baselines={name: getattr(args, key)
+                           for key, name, _ in _BASELINE_KEYS.values()})
             mech = alg.privacy(fed) if m in PRIVATE else None
             mon = (privacy.Monitor(mech, DELTA) if mech is not None and mech.accounted
                    else None)

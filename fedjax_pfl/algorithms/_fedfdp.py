@@ -45,6 +45,7 @@ from fedjax_pfl.toolkit import (
     check_cohort,
     check_malicious,
     round_step,
+    server_update,
 )
 from fedjax_pfl.validation import (
     check_choice,
@@ -61,7 +62,7 @@ WEIGHTINGS = ("per_sample", "batch")
 class FedFDPServerState(NamedTuple):
     """FedFDP's server: the global ``params`` and ``fhat``, its estimate of the
     global loss that the clients' fairness weights compare with, and the
-    server optimizer's state (``()`` without one)."""
+    server optimizer's state (no leaves for the paper's plain step)."""
 
     params: object
     fhat: jax.Array  # the global-loss estimate F_hat (0 before round 0)
@@ -223,11 +224,12 @@ def fedfdp(
         check_malicious(malicious, data.num_clients)
         params = model.init(key)
         c0 = jnp.full((data.num_clients,), loss_clip, jnp.float32)
-        opt_state = () if server_optimizer is None else server_optimizer.init(params)
         return AlgorithmState(
-            FedFDPServerState(params, jnp.zeros((), jnp.float32), opt_state),
+            FedFDPServerState(params, jnp.zeros((), jnp.float32),
+                              server_opt.init(params)),
             FedFDPClientState(c0), jnp.zeros((), jnp.int32))
 
+    server_opt = server_optimizer or optax.sgd(1.0)  # the paper: w + delta
     fc = FedFDPConfig(model, client_lr, num_local_steps, dp, lam, weighting,
                       loss_noise_multiplier, loss_clip_floor, adaptive_loss_clip)
 
@@ -236,12 +238,8 @@ def fedfdp(
         delta = jax.tree.map(lambda u: u[0], updates)  # the engine's streamed mean
         n = metrics["num_examples"]
         fhat = jnp.sum(n * metrics["released_loss"]) / jnp.sum(n)
-        if server_optimizer is None:
-            params, opt_state = jax.tree.map(jnp.add, server.params, delta), ()
-        else:
-            upd, opt_state = server_optimizer.update(
-                jax.tree.map(jnp.negative, delta), server.opt_state, server.params)
-            params = optax.apply_updates(server.params, upd)
+        params, opt_state = server_update(server_opt, server.params,
+                                          server.opt_state, delta)
         return FedFDPServerState(params, fhat, opt_state), {"server/fhat": fhat}
 
     step = round_step(functools.partial(fedfdp_client, fc), server_fn,

@@ -66,4 +66,5 @@ from ._solver import ServerState as ServerState
 from ._solver import client_dp_mechanism as client_dp_mechanism
 from ._solver import client_upload as client_upload
 from ._solver import global_solver as global_solver
+from ._solver import server_update as server_update
 from ._solver import stateless_algorithm as stateless_algorithm

@@ -68,6 +68,16 @@ def client_upload(model, aggregator, attack, mal, w, w_k, cid, key, data,
     return ClientResult((), delta, data.train.counts[cid].astype(jnp.float32), metrics)
 
 
+def server_update(server_optimizer: optax.GradientTransformation, params, opt_state,
+                  delta):
+    """FedAvg's server step: ``server_optimizer`` applied to the pseudo-gradient
+    ``-delta`` (``optax.sgd(1.0)``: ``params + delta``). Returns the new
+    ``(params, opt_state)``."""
+    upd, opt_state = server_optimizer.update(jax.tree.map(jnp.negative, delta),
+                                             opt_state, params)
+    return optax.apply_updates(params, upd), opt_state
+
+
 def global_solver(model: Model, cfg: LocalConfig, *,
                   aggregator: Aggregator | None = None, weighted: bool = True,
                   server_optimizer: optax.GradientTransformation | None = None,
@@ -102,10 +112,8 @@ def global_solver(model: Model, cfg: LocalConfig, *,
         delta, agg_state = aggregator.aggregate(
             server.agg_state, updates, weights, mask, key,
             losses=metrics.get("round_start_loss"))
-        pseudo_grad = jax.tree.map(jnp.negative, delta)
-        upd, opt_state = server_optimizer.update(pseudo_grad, server.opt_state,
-                                                 server.params)
-        params = optax.apply_updates(server.params, upd)
+        params, opt_state = server_update(server_optimizer, server.params,
+                                          server.opt_state, delta)
         norm = optax.tree.norm(delta)
         return ServerState(params, opt_state, agg_state), {"server/update_norm": norm}
 
