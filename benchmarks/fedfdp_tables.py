@@ -128,22 +128,39 @@ def _baseline_options(args, method) -> dict:
     return {} if key is None else {key[0]: getattr(args, key[0])}
 
 
-def _variant(r) -> str:
+def _tuned(r) -> tuple[tuple[str, float], ...]:
+    """The hyperparameters the validation report chooses among, as (name,
+    value): lambda (FedFair, FedFDP) and the method's own (``_BASELINE_KEYS``)."""
+    out = (("lam", r.get("lam", 0.1)),) if r["method"] in ("fedfair", "fedfdp") else ()
+    if r["method"] in _BASELINE_KEYS:
+        key, _, before = _BASELINE_KEYS[r["method"]]
+        out += ((key.replace("_", " "), r.get(key, before)),)
+    return out
+
+
+def _label(tuned) -> str:
+    return ", ".join(f"{k} {v:g}" for k, v in tuned)
+
+
+def _variant(r, tuned=True) -> str:
     """What sets a record apart from the paper's setting, as a suffix of its
     method's name (empty for the paper's CNN, lambda 0.1, C 0.1, a non-private
-    lr of 0.1 and FedFDP as published)."""
+    lr of 0.1 and FedFDP as published); without :func:`_tuned`'s part if not
+    ``tuned``."""
     out = " [MLP]" if r.get("model", "cnn") != "cnn" else ""
     if r.get("alpha", 0.1) != 0.1:
         out += f" [alpha {r['alpha']:g}]"
     if r.get("clients", 10) != 10:
         out += f" [{r['clients']} clients]"
-    if r["method"] in ("fedfair", "fedfdp") and r.get("lam", 0.1) != 0.1:
+    if r.get("val_fraction"):
+        out += f" [val {r['val_fraction']:g}]"
+    if tuned and r["method"] in ("fedfair", "fedfdp") and r.get("lam", 0.1) != 0.1:
         out += f" [lam {r['lam']:g}]"
     if r["method"] not in PRIVATE and r.get("lr", 0.1) != 0.1:
         out += f" [lr {r['lr']:g}]"
     if r["method"] in PRIVATE and r.get("clip", 0.1) != 0.1:
         out += f" [C {r['clip']:g}]"
-    if r["method"] in _BASELINE_KEYS:
+    if tuned and r["method"] in _BASELINE_KEYS:
         key, name, before = _BASELINE_KEYS[r["method"]]
         if r.get(key, before) != _presets.FEDFDP_BASELINES[name]:
             out += f" [{key.replace('_', ' ')} {r.get(key, before):g}]"
@@ -179,7 +196,7 @@ def report(path: str) -> str:
                      f"{100 * r['global/test/accuracy/mean']:.2f}{diverged} | "
                      f"{r['global/test/loss/psi']:.3g} | {pa} | {pp} | "
                      f"{r['wall_s']:.0f} |")
-    return "\n".join(lines + _across_seeds(last))
+    return "\n".join(lines + _across_seeds(last) + _chosen_on_val(last))
 
 
 def _across_seeds(last) -> list[str]:
@@ -207,6 +224,45 @@ def _across_seeds(last) -> list[str]:
                      f"{psi.mean():.3g} +- {psi.std(ddof=1):.2g} | "
                      f"{PAPER.get((ds, m), ('',))[0]} |")
     return lines
+
+
+def _chosen_on_val(last) -> list[str]:
+    """Hyperparameters chosen on validation data: for each setting run with
+    ``--val-fraction`` at two or more values of :func:`_tuned`'s hyperparameters,
+    each seed's choice is the value of the highest validation accuracy; its
+    test accuracy and Psi are reported (mean +- std over seeds), beside the
+    best test accuracy of the grid (what choosing on test would report)."""
+    groups = {}
+    for (ds, m, seed, rnd, norm, _), r in last.items():
+        if r.get("val_fraction") and "global/val/accuracy/mean" in r:
+            groups.setdefault((ds, m, rnd, norm, _variant(r, tuned=False)), {}) \
+                .setdefault(seed, []).append(r)
+    rows = []
+    for (ds, m, rnd, norm, variant), by_seed in sorted(groups.items(), key=lambda kv: (
+            kv[0][0], METHODS.index(kv[0][1]), kv[0][4], kv[0][2], kv[0][3])):
+        by_seed = {s: rs for s, rs in by_seed.items() if len(rs) > 1}
+        if not by_seed:
+            continue
+        grid = sorted({_tuned(r) for rs in by_seed.values() for r in rs})
+        chosen = {s: max(rs, key=lambda r: r["global/val/accuracy/mean"])
+                  for s, rs in sorted(by_seed.items())}
+        acc = 100 * np.array([r["global/test/accuracy/mean"] for r in chosen.values()])
+        psi = np.array([r["global/test/loss/psi"] for r in chosen.values()])
+        best = 100 * np.array([max(r["global/test/accuracy/mean"] for r in rs)
+                               for rs in by_seed.values()])
+        sd = (lambda a, f: f"{a.mean():{f}} +- {a.std(ddof=1):{f}}" if len(a) > 1
+              else f"{a.mean():{f}}")
+        rows.append(
+            f"| {ds} | {m}{variant} | {rnd} | {'; '.join(map(_label, grid))} | "
+            + "; ".join(f"{s}: {_label(_tuned(r))}" for s, r in chosen.items())
+            + f" | {sd(acc, '.2f')} | {sd(psi, '.3g')} | {sd(best, '.2f')} |")
+    if not rows:
+        return []
+    return ["", "Hyperparameters chosen on validation data (each seed's highest "
+            "validation accuracy; test reported):", "",
+            "| dataset | method | rounds | grid | chosen (seed: value) | "
+            "test acc % | Psi (test loss) | best test acc % of the grid |",
+            "|---|---|---|---|---|---|---|---|"] + rows
 
 
 # options that do not change a run's rounds (they may grow on --resume) or its
@@ -272,6 +328,10 @@ def main(argv=None):
                    help="DP-SGD normaliser: q n_k (accounted) or the realised batch "
                         "size (the paper's eq. 12; not accounted, no epsilon; the "
                         "rows recorded before 2026-11-24 used it)")
+    p.add_argument("--val-fraction", type=float, default=0.0,
+                   help="share of each client's training rows held out for "
+                   "validation (not in the paper; the test rows stay the same); "
+                   "the report then picks each method's hyperparameter on it")
     p.add_argument("--max-examples", type=int, default=None, help="smoke runs only")
     add_checkpoint_args(p, "<dataset>_<method>_s<seed>_<model>-<settings hash>")
     args = parse_or_report(p, argv, report)
@@ -286,15 +346,18 @@ def main(argv=None):
                 f"{args.feddyn_alpha}")
     if not 0 <= args.server_momentum < 1:
         p.error(f"--server-momentum: must be in [0, 1), got {args.server_momentum}")
+    if not 0 <= args.val_fraction < 1:
+        p.error(f"--val-fraction: must be in [0, 1), got {args.val_fraction}")
     if args.clients < 2:
         p.error(f"--clients: must be at least 2, got {args.clients}")
     eps, rounds = plan_rounds(args)
     print(f"epsilon {eps:.3f} at delta {DELTA}; rounds: {rounds}")
     part_seed = args.seed if args.partition_seed is None else args.partition_seed
+    splits = ("val", "test") if args.val_fraction > 0 else ("test",)
     records = []
     for ds in args.datasets:
         fed = _presets.fedfdp_data(ds, part_seed, args.clients, args.max_examples,
-                                   args.alpha)
+                                   args.alpha, args.val_fraction)
         model = MODELS[args.model](tuple(np.asarray(fed.train.x).shape[1:]))
         print(f"{ds}: {fed.num_clients} clients, train sizes "
               f"{np.asarray(fed.train.counts).tolist()}")
@@ -315,7 +378,7 @@ def main(argv=None):
                 args.checkpoint_dir, f"{ds}_{m}_s{args.seed}_{run_tag(args)}")
             res = simulate(alg, fed, num_rounds=rounds[m],
                            eval_every=min(args.eval_every, rounds[m]),
-                           key=jax.random.key(args.seed), splits=("test",),
+                           key=jax.random.key(args.seed), splits=splits,
                            progress=True, privacy=mon, engine=EngineConfig(
                                None if args.strategy == "auto" else args.strategy),
                            checkpoint_dir=ckdir, checkpoint_every=args.checkpoint_every,
@@ -325,6 +388,7 @@ def main(argv=None):
                                           jax.random.key(0))["global"]
             rec = {**_meta(), "dataset": ds, "method": m, "seed": args.seed,
                    "partition_seed": part_seed, "alpha": args.alpha,
+                   "val_fraction": args.val_fraction,
                    "clients": fed.num_clients,
                    "wall_s": time.perf_counter() - t0, "target_epsilon": eps,
                    "epsilon": last.get("privacy/epsilon"), "q": args.q,

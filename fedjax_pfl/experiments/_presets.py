@@ -367,11 +367,19 @@ FEDFDP_DELTA = 1e-5
 
 
 def fedfdp_data(dataset: str, seed: int = 1, num_clients: int = 10,
-                max_examples: int | None = None, alpha: float = 0.1):
+                max_examples: int | None = None, alpha: float = 0.1,
+                val_fraction: float = 0.0):
     """FedFDP's partition: train+test pooled, pixels in [-1, 1], Dirichlet(alpha,
     0.1 in the paper's main tables) over ``num_clients``, 75/25 per client (Ling
     et al., FedFDP, arXiv 2402.16028). ``cifar10`` reads the local copy (see
-    ``data.load_cifar10``) as ``[n, 32, 32, 3]``."""
+    ``data.load_cifar10``) as ``[n, 32, 32, 3]``.
+
+    ``val_fraction`` (not in the paper, which has no validation split) moves
+    that share of each client's training part to a validation split, for
+    choosing hyperparameters without the test rows; the test rows stay exactly
+    the ones of ``val_fraction=0`` (the same shuffle, test taken last)."""
+    if not 0 <= val_fraction < 1:
+        raise ValueError(f"val_fraction: must be in [0, 1), got {val_fraction}")
     if dataset == "cifar10":
         x_tr, y_tr, x_te, y_te = data.load_cifar10()
         x = np.concatenate([x_tr, x_te]).astype(np.float32) / 255.0
@@ -383,12 +391,12 @@ def fedfdp_data(dataset: str, seed: int = 1, num_clients: int = 10,
     y = np.concatenate([y_tr, y_te])
     if max_examples:
         x, y = x[:max_examples], y[:max_examples]
-    return data.dirichlet(x.astype(np.float32), y, num_clients, alpha, seed=seed)
+    train = 0.75 * (1.0 - val_fraction)
+    return data.dirichlet(x.astype(np.float32), y, num_clients, alpha, seed=seed,
+                          fractions=(train, 0.75 - train, 0.25))
 
 
-# The Tables' methods. The baselines' own hyperparameters are OUR choices (the
-# paper gives none): FedProx mu = 0.001 (PFLlib's example value), FedDyn
-# alpha = 0.01, q-FFL q = 1.
+# The Tables' methods (the baselines' own hyperparameters: FEDFDP_BASELINES).
 FEDFDP_NONPRIVATE = ("fedavg", "scaffold", "fedprox", "feddyn", "qffl", "fedfair")
 FEDFDP_PRIVATE = ("dp_fedavg", "dp_scaffold", "dp_fedprox", "dp_feddyn", "dp_qffl",
                   "fedfdp")

@@ -112,7 +112,33 @@ def test_bad_baseline_hyperparameters_are_refused_by_name(capsys):
     for bad, name in ((["--feddyn-alpha", "0"], "--feddyn-alpha"),
                       (["--fedprox-mu", "-1"], "--fedprox-mu"),
                       (["--qffl-q", "nan"], "--qffl-q"),
-                      (["--server-momentum", "1"], "--server-momentum")):
+                      (["--server-momentum", "1"], "--server-momentum"),
+                      (["--val-fraction", "1"], "--val-fraction")):
         with pytest.raises(SystemExit):
             ft.main(["--datasets", "mnist", *bad])
         assert name in capsys.readouterr().err
+
+
+def test_report_chooses_each_seeds_hyperparameter_on_validation(tmp_path):
+    """With --val-fraction, each seed's alpha is the one of the highest
+    validation accuracy; the test accuracy reported is that run's, beside the
+    grid's best test accuracy; runs without a validation split stay out."""
+    path = tmp_path / "r.jsonl"
+    base = {"dataset": "mnist", "method": "dp_feddyn", "round": 782, "wall_s": 60.0,
+            "clip": 0.1, "model": "mlp", "val_fraction": 0.1,
+            "global/test/loss/psi": 0.05}
+
+    def rec(seed, alpha, val, test):
+        return {**base, "seed": seed, "feddyn_alpha": alpha,
+                "global/val/accuracy/mean": val, "global/test/accuracy/mean": test}
+    recs = [rec(1, 0.1, 0.90, 0.88), rec(1, 1.0, 0.85, 0.91),  # val picks 0.1
+            rec(2, 0.1, 0.80, 0.80), rec(2, 1.0, 0.86, 0.84),  # val picks 1
+            {**rec(3, 0.1, 0.99, 0.99), "val_fraction": 0.0}]  # no validation
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    lines = ft.report(str(path)).splitlines()
+    chosen = lines[next(i for i, x in enumerate(lines) if "chosen on validation" in x):]
+    [row] = [x for x in chosen if x.startswith("| mnist | dp_feddyn [MLP] [val 0.1] | 782")]
+    assert "| feddyn alpha 0.1; feddyn alpha 1 |" in row
+    assert "| 1: feddyn alpha 0.1; 2: feddyn alpha 1 |" in row
+    # chosen: 88 and 84 -> 86.00 +- 2.83; best on test: 91 and 84 -> 87.50 +- 4.95
+    assert row.endswith("| 86.00 +- 2.83 | 0.05 +- 0 | 87.50 +- 4.95 |"), row

@@ -602,6 +602,11 @@ def test_fedfdp_tables_smoke(tmp_path):
     # the global model's size, from its evaluation view
     assert all(np.isfinite(r["global/param_norm"]) and r["global/param_norm"] > 1
                for r in recs)
+    # a validation split (from the training rows) is evaluated beside test
+    [val] = _load("fedfdp_tables").main([
+        "--clients", "3", "--max-examples", "600", "--rounds", "2", "--eval-every", "2",
+        "--methods", "fedavg", "--val-fraction", "0.2", "--out", str(out)])
+    assert val["val_fraction"] == 0.2 and 0 <= val["global/val/accuracy/mean"] <= 1
 
 
 def test_conv_loop_smoke(tmp_path):

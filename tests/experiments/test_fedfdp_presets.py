@@ -111,6 +111,30 @@ def test_cifar10_partition_pixels_and_alpha(monkeypatch):
     assert classes(fed) > classes(harsh)
 
 
+def test_validation_split_comes_from_training_rows_only(monkeypatch):
+    """``val_fraction`` moves that share of each client's training rows to a
+    validation split; the test rows are exactly those without it."""
+    rng = np.random.default_rng(1)
+    imgs = rng.integers(0, 256, (400, 32, 32, 3), dtype=np.uint8)
+    labels = np.repeat(np.arange(10), 40).astype(np.int32)
+    monkeypatch.setattr(fdata, "load_cifar10", lambda: (imgs[:300], labels[:300],
+                                                        imgs[300:], labels[300:]))
+    plain = _presets.fedfdp_data("cifar10", 1, num_clients=4, alpha=1.0)
+    held = _presets.fedfdp_data("cifar10", 1, num_clients=4, alpha=1.0,
+                                val_fraction=0.2)
+    assert plain.val is None
+    for c in range(4):
+        np.testing.assert_array_equal(held.test.client(c)[0], plain.test.client(c)[0])
+        tr, va = held.train.client(c)[0], held.val.client(c)[0]
+        n_train = len(plain.train.client(c)[0])
+        assert len(tr) + len(va) == n_train and 0 < len(va) <= 0.2 * n_train + 1
+        # the same rows as before, now in two splits
+        rows = lambda a: sorted(map(bytes, a.reshape(len(a), -1)))  # noqa: E731
+        assert rows(np.concatenate([tr, va])) == rows(plain.train.client(c)[0])
+    with pytest.raises(ValueError, match="val_fraction"):
+        _presets.fedfdp_data("cifar10", 1, num_clients=4, val_fraction=1.0)
+
+
 def test_dp_fedprox_equals_dp_fedavg_with_one_local_step(data):
     """The tables run one local step a round, taken at the global model, where
     FedProx's proximal gradient mu (w - w_global) is zero: DP-FedProx is then
