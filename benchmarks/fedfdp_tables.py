@@ -258,11 +258,11 @@ def _chosen_on_val(last) -> list[str]:
             + f" | {sd(acc, '.2f')} | {sd(psi, '.3g')} | {sd(best, '.2f')} |")
     if not rows:
         return []
-    return ["", "Hyperparameters chosen on validation data (each seed's highest "
-            "validation accuracy; test reported):", "",
-            "| dataset | method | rounds | grid | chosen (seed: value) | "
-            "test acc % | Psi (test loss) | best test acc % of the grid |",
-            "|---|---|---|---|---|---|---|---|"] + rows
+    return ["", ("Hyperparameters chosen on validation data (each seed's highest "
+                 "validation accuracy; test reported):"), "",
+            ("| dataset | method | rounds | grid | chosen (seed: value) | "
+             "test acc % | Psi (test loss) | best test acc % of the grid |"),
+            "|---|---|---|---|---|---|---|---|", *rows]
 
 
 # options that do not change a run's rounds (they may grow on --resume) or its

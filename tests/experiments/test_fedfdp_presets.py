@@ -129,8 +129,8 @@ def test_validation_split_comes_from_training_rows_only(monkeypatch):
         n_train = len(plain.train.client(c)[0])
         assert len(tr) + len(va) == n_train and 0 < len(va) <= 0.2 * n_train + 1
         # the same rows as before, now in two splits
-        rows = lambda a: sorted(map(bytes, a.reshape(len(a), -1)))  # noqa: E731
-        assert rows(np.concatenate([tr, va])) == rows(plain.train.client(c)[0])
+        assert (sorted(map(bytes, np.concatenate([tr, va]).reshape(n_train, -1)))
+                == sorted(map(bytes, plain.train.client(c)[0].reshape(n_train, -1))))
     with pytest.raises(ValueError, match="val_fraction"):
         _presets.fedfdp_data("cifar10", 1, num_clients=4, val_fraction=1.0)
 
