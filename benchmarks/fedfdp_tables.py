@@ -128,18 +128,21 @@ def _baseline_options(args, method) -> dict:
     return {} if key is None else {key[0]: getattr(args, key[0])}
 
 
-def _tuned(r) -> tuple[tuple[str, float], ...]:
+def _tuned(r) -> tuple[tuple[str, float, float], ...]:
     """The hyperparameters the validation report chooses among, as (name,
-    value): lambda (FedFair, FedFDP) and the method's own (``_BASELINE_KEYS``)."""
-    out = (("lam", r.get("lam", 0.1)),) if r["method"] in ("fedfair", "fedfdp") else ()
+    value, the tables' default): lambda (FedFair, FedFDP) and the method's own
+    (``_BASELINE_KEYS``)."""
+    out = ((("lam", r.get("lam", 0.1), 0.1),) if r["method"] in ("fedfair", "fedfdp")
+           else ())
     if r["method"] in _BASELINE_KEYS:
-        key, _, before = _BASELINE_KEYS[r["method"]]
-        out += ((key.replace("_", " "), r.get(key, before)),)
+        key, name, before = _BASELINE_KEYS[r["method"]]
+        out += ((key.replace("_", " "), r.get(key, before),
+                 _presets.FEDFDP_BASELINES[name]),)
     return out
 
 
 def _label(tuned) -> str:
-    return ", ".join(f"{k} {v:g}" for k, v in tuned)
+    return ", ".join(f"{k} {v:g}" for k, v, _ in tuned)
 
 
 def _variant(r, tuned=True) -> str:
@@ -154,16 +157,12 @@ def _variant(r, tuned=True) -> str:
         out += f" [{r['clients']} clients]"
     if r.get("val_fraction"):
         out += f" [val {r['val_fraction']:g}]"
-    if tuned and r["method"] in ("fedfair", "fedfdp") and r.get("lam", 0.1) != 0.1:
-        out += f" [lam {r['lam']:g}]"
+    if tuned:
+        out += "".join(f" [{k} {v:g}]" for k, v, default in _tuned(r) if v != default)
     if r["method"] not in PRIVATE and r.get("lr", 0.1) != 0.1:
         out += f" [lr {r['lr']:g}]"
     if r["method"] in PRIVATE and r.get("clip", 0.1) != 0.1:
         out += f" [C {r['clip']:g}]"
-    if tuned and r["method"] in _BASELINE_KEYS:
-        key, name, before = _BASELINE_KEYS[r["method"]]
-        if r.get(key, before) != _presets.FEDFDP_BASELINES[name]:
-            out += f" [{key.replace('_', ' ')} {r.get(key, before):g}]"
     if r.get("loss_clip_floor"):
         out += f" [loss-bound floor {r['loss_clip_floor']:g}]"
     if r.get("fair_clip", "sign_preserving") != "sign_preserving":
