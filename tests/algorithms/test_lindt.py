@@ -355,3 +355,49 @@ def test_lstm_dual_and_timestep_granularity():
     assert narrow.model.apply(p, jnp.zeros((2, 4), jnp.int32)).shape == (2, 80)
     with pytest.raises(ValueError, match="hidden"):
         algorithms.dual_lindt_lstm(hidden=0)
+
+
+# ------------------------------------------------------------------- FB baseline
+
+
+def _fb(dual, params, fd, limit):
+    return algorithms.finetune_top(dual, params, fd, jax.random.key(3), steps=7,
+                                   lr=0.3, batch_size=5, feature_cache_bytes=limit)
+
+
+@pytest.mark.parametrize("which", ["mlp", "lstm"])
+def test_fb_on_cached_features_equals_the_whole_model(which):
+    """FB trains only the top layer: on the lower layers' cached features it
+    gives the parameters of training through the whole model with the lower
+    layers frozen (same minibatches and steps), the lower layers unchanged."""
+    if which == "mlp":
+        dual, fd = DUAL, _data(rows=13)
+    else:
+        dual = algorithms.dual_lindt_lstm(seq_len=6, vocab_size=80, hidden=4)
+        rng = np.random.default_rng(0)
+        rows = [(rng.integers(0, 80, (9 + c, 6)).astype(np.int32),
+                 rng.integers(0, 80, 9 + c)) for c in range(3)]
+        fd = data.from_client_arrays(rows)
+    params = dual.model.init(jax.random.key(0))
+    cached, whole = _fb(dual, params, fd, 2**30), _fb(dual, params, fd, 0)
+    chex.assert_trees_all_close(cached, whole, atol=1e-5, rtol=1e-5)
+    for k in params:
+        stacked = jax.tree.map(lambda a: a[0], cached[k])
+        if k == dual.top:
+            assert not np.allclose(jax.tree.leaves(stacked)[0],
+                                   jax.tree.leaves(params[k])[0])
+        else:
+            chex.assert_trees_all_equal(stacked, params[k])
+
+
+def test_fb_features_in_chunks_equal_one_pass():
+    """The feature cache runs the lower layers ``chunk`` rows at a time, with
+    a shorter last chunk."""
+    from fedjax_pfl.algorithms import _lindt
+
+    params = DUAL.model.init(jax.random.key(1))
+    x = jnp.asarray(np.random.default_rng(2).normal(size=(13, 4)), jnp.float32)
+    one = _lindt._lower(DUAL)(params, x)
+    for chunk in (4, 13, 64):
+        np.testing.assert_allclose(_lindt._features(DUAL, params, x, chunk), one,
+                                   rtol=1e-6, atol=1e-6)

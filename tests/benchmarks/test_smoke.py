@@ -775,3 +775,14 @@ def test_preset_cost_smoke(tmp_path, capsys):
     mod.main(["--write-package", str(out), "--package-file", str(pkg)])
     line = json.loads(pkg.read_text())["ditto-synthetic"]
     assert f"on {os.cpu_count()} CPU cores" in line and "GiB" in line
+
+
+def test_lindt_fb_cost_smoke(tmp_path):
+    out = tmp_path / "fb.jsonl"
+    mod = _load("lindt_fb_cost")
+    recs = mod.main(["--clients", "2", "--rows", "12", "--steps", "3", "6",
+                     "--out", str(out)])
+    assert [(r["steps"], r["path"]) for r in recs] == [
+        (3, "cached"), (3, "whole"), (6, "cached")]
+    assert recs[1]["max_abs_diff"] < 1e-5 and all(r["seconds"] > 0 for r in recs)
+    assert "| 2 x 12 | 3 | whole |" in mod.report(str(out))
