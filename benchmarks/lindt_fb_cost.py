@@ -47,7 +47,7 @@ def report(path: str) -> str:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--clients", type=int, default=100)
-    p.add_argument("--rows", type=int, default=450)
+    p.add_argument("--rows", type=int, default=500)
     p.add_argument("--steps", type=int, nargs="+", default=[100, 10000],
                    help="the whole-model path runs only the first")
     args = parse_or_report(p, argv, report)
