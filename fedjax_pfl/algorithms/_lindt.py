@@ -427,14 +427,15 @@ def _lower(dual: DualModel):
 
 def _features(dual: DualModel, params, x, chunk: int = 512):
     """The lower layers' output for every row of ``x``, ``chunk`` rows at a time."""
+    lower = functools.partial(_lower(dual), params)
     whole = x.shape[0] - x.shape[0] % chunk
-    parts = [] if whole == 0 else [jax.lax.map(
-        lambda b: _lower(dual)(params, b),
-        x[:whole].reshape(-1, chunk, *x.shape[1:])).reshape(whole, -1)]
+    parts = []
+    if whole:
+        h = jax.lax.map(lower, x[:whole].reshape(-1, chunk, *x.shape[1:]))
+        parts.append(h.reshape(whole, *h.shape[2:]))
     if whole < x.shape[0]:
-        parts.append(_lower(dual)(params, x[whole:]).reshape(x.shape[0] - whole, -1))
-    h = jnp.concatenate(parts) if len(parts) > 1 else parts[0]
-    return h.reshape(x.shape[0], *jax.eval_shape(_lower(dual), params, x[:1]).shape[1:])
+        parts.append(lower(x[whole:]))
+    return jnp.concatenate(parts)
 
 
 def finetune_top(dual: DualModel, params, data, key, *, steps: int, lr,
@@ -460,6 +461,7 @@ def finetune_top(dual: DualModel, params, data, key, *, steps: int, lr,
         feats = dataclasses.replace(
             data, train=dataclasses.replace(
                 data.train, x=_features(dual, params, data.train.x)))
+        # the top layer as a model of its own (local training never calls init)
         top = dual.model._replace(
             init=None, apply=lambda p, h: dual.layers[-1](p, h))
 
