@@ -198,6 +198,13 @@ def report(path: str) -> str:
     return "\n".join(lines + _across_seeds(last) + _chosen_on_val(last))
 
 
+def _setting_order(item):
+    """Sort key of a ``((dataset, method, rounds, normaliser, variant), ...)``
+    item: dataset, the paper's method order, variant, rounds, normaliser."""
+    (ds, m, rnd, norm, variant), _ = item
+    return ds, METHODS.index(m), variant, rnd, norm
+
+
 def _across_seeds(last) -> list[str]:
     """A table of the settings run with several seeds: accuracy and Psi as
     mean +- std (ddof 1) over the seeds, each seed named run/partition."""
@@ -212,8 +219,7 @@ def _across_seeds(last) -> list[str]:
              "| dataset | method | rounds | normaliser | seeds (run/partition) | "
              "test acc % | Psi (test loss) | paper acc % |",
              "|---|---|---|---|---|---|---|---|"]
-    for (ds, m, rnd, norm, variant), rs in sorted(multi.items(), key=lambda kv: (
-            kv[0][0], METHODS.index(kv[0][1]), kv[0][4], kv[0][2], kv[0][3])):
+    for (ds, m, rnd, norm, variant), rs in sorted(multi.items(), key=_setting_order):
         acc = 100 * np.array([r["global/test/accuracy/mean"] for r in rs.values()])
         psi = np.array([r["global/test/loss/psi"] for r in rs.values()])
         seeds = ", ".join(f"{s}/{p}" for s, p in sorted(rs))
@@ -237,8 +243,7 @@ def _chosen_on_val(last) -> list[str]:
             groups.setdefault((ds, m, rnd, norm, _variant(r, tuned=False)), {}) \
                 .setdefault(seed, []).append(r)
     rows = []
-    for (ds, m, rnd, norm, variant), by_seed in sorted(groups.items(), key=lambda kv: (
-            kv[0][0], METHODS.index(kv[0][1]), kv[0][4], kv[0][2], kv[0][3])):
+    for (ds, m, rnd, norm, variant), by_seed in sorted(groups.items(), key=_setting_order):
         by_seed = {s: rs for s, rs in by_seed.items() if len(rs) > 1}
         if not by_seed:
             continue

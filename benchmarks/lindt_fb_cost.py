@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 import jax
 import numpy as np
@@ -24,14 +23,7 @@ import numpy as np
 from fedjax_pfl import algorithms, data
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from throughput import _meta, parse_or_report, read_jsonl, write_jsonl
-
-
-def timed(fn):
-    jax.block_until_ready(fn())  # compile
-    t0 = time.perf_counter()
-    out = jax.block_until_ready(fn())
-    return out, time.perf_counter() - t0
+from throughput import _meta, _timed, parse_or_report, read_jsonl, write_jsonl
 
 
 def report(path: str) -> str:
@@ -70,7 +62,7 @@ def main(argv=None):
             fb = jax.jit(lambda w, s=steps, lim=limit: algorithms.finetune_top(
                 dual, w, fd, jax.random.key(1), steps=s, lr=0.01, batch_size=10,
                 feature_cache_bytes=lim))
-            out, secs = timed(lambda fb=fb: fb(params))
+            out, _, secs = _timed(lambda fb=fb: fb(params), 1)
             tops[path] = np.asarray(out[dual.top]["kernel"])
             rec = {**_meta(), "bench": "lindt_fb_cost", "clients": args.clients,
                    "rows": args.rows, "steps": steps, "path": path, "seconds": secs}
