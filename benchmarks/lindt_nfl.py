@@ -106,7 +106,8 @@ DEFAULTS = {
 SETTING = ("data", "model", "scheme", "class_sigma", "num_clients", "cohort_size",
            "attack_ratio", "hidden", "lstm_hidden", "params", "rounds", "lr",
            "lr_decay", "epochs", "steps", "batch_size", "clip", "noise_std", "eps",
-           "r_prime", "tail", "test_cap", "fb_steps", "fb_lr", "v_init", "stop",
+           "r_prime", "tail", "test_cap", "fb_steps", "fb_lr", "fb_layers", "v_init",
+           "stop",
            "stop_streak", "attacks_until", "grad_clip", "trim", "apfl_alpha",
            "apfl_alpha_mode")
 # the detector's inputs, recorded every round (the operating characteristic is
@@ -147,7 +148,7 @@ def build(method, dual, args, mal, noise_std):
         method, dual, mal, lr=args.lr, lr_decay=args.lr_decay,
         cohort_size=args.cohort_size, steps=args.steps, clip=args.clip,
         noise_std=noise_std, trim=args.trim, eps=args.eps, r_prime=args.r_prime,
-        fb_steps=args.fb_steps, fb_lr=args.fb_lr,
+        fb_steps=args.fb_steps, fb_lr=args.fb_lr, fb_layers=args.fb_layers,
         local_epochs=args.epochs or None, batch_size=args.batch_size,
         v_init=args.v_init, stop=args.stop, stop_streak=args.stop_streak,
         grad_clip=args.grad_clip, apfl_alpha=args.apfl_alpha,
@@ -397,6 +398,9 @@ def main(argv=None):
                    "gradient steps (the paper) or stays at --apfl-alpha")
     p.add_argument("--fb-steps", type=int, default=100)
     p.add_argument("--fb-lr", type=float, default=0.01)
+    p.add_argument("--fb-layers", type=int, default=1,
+                   help="FB finetunes this many top layers (the paper: 1; the "
+                        "CNN has 5, the whole model)")
     p.add_argument("--private-rounds", type=int, default=20)
     p.add_argument("--private-steps", type=int, default=50)
     p.add_argument("--private-cache", default=None, metavar="DIR",
@@ -436,6 +440,9 @@ def main(argv=None):
     clean_fd = None if args.attacks_until is None else load(args, poison=False)[0]
     args.num_clients = fd.num_clients
     dual = dual_model(args, dim)
+    if not 1 <= args.fb_layers <= len(dual.layers):
+        p.error(f"--fb-layers: must be in [1, {len(dual.layers)}] (this model's "
+                f"layers), got {args.fb_layers}")
     d = models.num_params(dual.model.init(jax.random.key(0)))
     noise_std = _lindt.lindt_noise_std(
         dual, args.noise_std, _lindt.SHAKE_NOISE_NORM if args.data == "shakespeare"
@@ -452,6 +459,7 @@ def main(argv=None):
                 attacks_until=args.attacks_until, grad_clip=args.grad_clip,
                 trim=args.trim, apfl_alpha=args.apfl_alpha,
                 apfl_alpha_mode=args.apfl_alpha_mode, fb_lr=args.fb_lr,
+                fb_layers=args.fb_layers,
                 private_rounds=args.private_rounds, private_steps=args.private_steps,
                 clip=args.clip, noise_std=noise_std, eps=args.eps,
                 r_prime=args.r_prime, tail=args.tail, seed=args.seed,
@@ -542,7 +550,8 @@ def plot(curves, args, meta, path):
 
 # settings recorded only from 2026-11-26 on; older records ran these defaults
 LEGACY = {"model": "mlp", "epochs": 1.0, "steps": 50, "batch_size": 10,
-          "fb_steps": 100, "fb_lr": 0.01, "v_init": "random", "stop": "never",
+          "fb_steps": 100, "fb_lr": 0.01, "fb_layers": 1, "v_init": "random",
+          "stop": "never",
           "stop_streak": metrics.STOP_STREAK, "attacks_until": None,
           "class_sigma": 0.0, "grad_clip": None, "trim": 0.1, "apfl_alpha": 0.01,
           "apfl_alpha_mode": "adaptive"}
@@ -603,7 +612,8 @@ def report(path) -> str:
         # the synthetic mixture stands in for CIFAR-10 (smoke runs)
         paper = PAPER.get(("cifar10" if data == "synthetic" else data, env), {})
         if len(groups) > 1:
-            fb = {k: _setting(first, k) for k in ("fb_steps", "fb_lr", "v_init")}
+            fb = {k: _setting(first, k)
+                  for k in ("fb_steps", "fb_lr", "fb_layers", "v_init")}
             skew = _setting(first, "class_sigma")
             out.append(f"**{data}, {env}** ({first['scheme']}"
                        + (f", class proportions log-normal sigma {skew:g}" if skew
@@ -612,7 +622,10 @@ def report(path) -> str:
                        f"{first['rounds']} rounds, "
                        f"lr {first['lr']:g} x {first['lr_decay']:g} a round, noise "
                        f"std {first['noise_std']:.3g}, FB {fb['fb_steps']} steps at "
-                       f"lr {fb['fb_lr']:g}, local models {fb['v_init']}"
+                       f"lr {fb['fb_lr']:g}"
+                       + (f" on the top {fb['fb_layers']} layers"
+                          if fb["fb_layers"] != 1 else "")
+                       + f", local models {fb['v_init']}"
                        + (f", gradient norm bound {gc:g}"
                           if (gc := _setting(first, "grad_clip")) else "")
                        + (f", TrimmedMean {tr:g} a side"

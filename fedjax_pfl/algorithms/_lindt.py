@@ -280,6 +280,7 @@ def lindt(
     grad_clip: float | None = None,
     finetune_top_steps: int = 0,
     finetune_top_lr: float | jax.Array | None = None,
+    finetune_top_layers: int = 1,
 ) -> Algorithm:
     """LINDT (Alg. 2): FedAvg with DP, the NFL detector, and the dual model.
 
@@ -325,9 +326,10 @@ def lindt(
         trained.
       grad_clip: optional max norm of the joint gradient over ``(w, v)`` per
         step (PyTorch ``clip_grad_norm_`` on all parameters; paper: 5).
-      finetune_top_steps, finetune_top_lr: with steps > 0 an ``fb`` view: every
-        client finetunes the top layer of ``w`` (FB baseline; lr default
-        ``client_lr``).
+      finetune_top_steps, finetune_top_lr, finetune_top_layers: with steps > 0
+        an ``fb`` view: every client finetunes the top layer of ``w`` (FB
+        baseline; lr default ``client_lr``), or its top ``finetune_top_layers``
+        layers (``finetune_top``).
 
     Evaluated models: ``global`` (w) and, unless ``mode='off'``, ``personal``:
     the dual model's local head with the current ``w`` for clients that have a
@@ -348,6 +350,7 @@ def lindt(
     check_int("malicious_multiplier", malicious_multiplier, lo=1)
     check_int("stop_streak", stop_streak, lo=1)
     check_int("finetune_top_steps", finetune_top_steps, lo=0)
+    check_int("finetune_top_layers", finetune_top_layers, lo=1, hi=len(dual.layers))
     check_choice("stop_gradient", stop_gradient, (True, False))
     if grad_clip is not None:
         check_positive("grad_clip", grad_clip)
@@ -405,7 +408,8 @@ def lindt(
                 dual, w, data, jax.random.fold_in(key, KeyTag.LINDT_FB),
                 steps=finetune_top_steps,
                 lr=client_lr if finetune_top_lr is None else finetune_top_lr,
-                batch_size=cfg.batch_size, sampling=cfg.sampling), True)
+                batch_size=cfg.batch_size, sampling=cfg.sampling,
+                layers=finetune_top_layers), True)
         return out
 
     return Algorithm(init, lindt_round, eval_models)
@@ -416,18 +420,51 @@ def lindt(
 FEATURE_CACHE_BYTES = 2**30
 
 
-def _lower(dual: DualModel):
-    """``(params, x) -> h``: every layer of ``dual`` but the last."""
+def _lower(dual: DualModel, top: int = 1):
+    """``(params, x) -> h``: every layer of ``dual`` but the last ``top``."""
     def f(p, x):
-        for layer in dual.layers[:-1]:
+        for layer in dual.layers[:len(dual.layers) - top]:
             x = layer(p, x)
         return x
     return f
 
 
-def _features(dual: DualModel, params, x, chunk: int = 512):
-    """The lower layers' output for every row of ``x``, ``chunk`` rows at a time."""
-    lower = functools.partial(_lower(dual), params)
+def _upper(dual: DualModel, top: int = 1):
+    """``(params, h) -> out``: the last ``top`` layers of ``dual``."""
+    def f(p, h):
+        for layer in dual.layers[len(dual.layers) - top:]:
+            h = layer(p, h)
+        return h
+    return f
+
+
+class _Reads(dict):
+    """A parameter dict that notes each top-level key read from it."""
+
+    def __init__(self, params, seen: set):
+        super().__init__(params)
+        self.seen = seen
+
+    def __getitem__(self, k):
+        self.seen.add(k)
+        return super().__getitem__(k)
+
+
+def _upper_keys(dual: DualModel, params, h, top: int) -> frozenset:
+    """The top-level keys of ``params`` that the last ``top`` layers read
+    (``dual.top`` for the last one), found by tracing them once on ``h`` (their
+    input, or its shape)."""
+    if top == 1:
+        return frozenset({dual.top})
+    seen: set = set()
+    jax.eval_shape(lambda p, x: _upper(dual, top)(_Reads(p, seen), x), params, h)
+    return frozenset(seen)
+
+
+def _features(dual: DualModel, params, x, chunk: int = 512, top: int = 1):
+    """The output of every layer below the last ``top`` for every row of ``x``,
+    ``chunk`` rows at a time."""
+    lower = functools.partial(_lower(dual, top), params)
     whole = x.shape[0] - x.shape[0] % chunk
     parts = []
     if whole:
@@ -440,37 +477,40 @@ def _features(dual: DualModel, params, x, chunk: int = 512):
 
 def finetune_top(dual: DualModel, params, data, key, *, steps: int, lr,
                  batch_size: int, sampling: str = "with_replacement",
-                 feature_cache_bytes: int | None = None):
+                 feature_cache_bytes: int | None = None, layers: int = 1):
     """FB (Wang et al. 2019, as in LINDT §5.1): every client finetunes only the top
     layer (``dual.top``) of ``params`` for ``steps`` SGD steps on its training
-    data. Returns the stacked ``[N, ...]`` finetuned parameters.
+    data; with ``layers = k`` the top ``k`` layers of ``dual.layers`` (``M``: the
+    whole model; an ablation, the paper finetunes one). Returns the stacked
+    ``[N, ...]`` finetuned parameters.
 
-    The layers below the top are frozen, so their output for each training row
-    is computed once and the top layer trains on it (the same minibatches, the
+    The layers below are frozen, so their output for each training row is
+    computed once and the top layers train on it (the same minibatches, the
     same steps) when those features take at most ``feature_cache_bytes``
     (default ``FEATURE_CACHE_BYTES``) and the model has no regularizer; else
     every step runs the whole model with the lower layers' updates set to zero.
     Both give the same parameters up to float rounding (tested)."""
+    check_int("layers", layers, lo=1, hi=len(dual.layers))
     ids = jnp.arange(data.num_clients, dtype=jnp.int32)
     keys = client_keys(key, data.key_ids)
     cfg = make_local_config(lr, steps, batch_size, sampling)
     limit = FEATURE_CACHE_BYTES if feature_cache_bytes is None else feature_cache_bytes
-    shape = jax.eval_shape(_lower(dual), params, data.train.x)
+    shape = jax.eval_shape(_lower(dual, layers), params, data.train.x)
+    trained_keys = _upper_keys(dual, params, shape, layers)
     if (dual.model.regularizer is None
             and shape.size * shape.dtype.itemsize <= limit):
         feats = dataclasses.replace(
             data, train=dataclasses.replace(
-                data.train, x=_features(dual, params, data.train.x)))
-        # the top layer as a model of its own (local training never calls init)
-        top = dual.model._replace(
-            init=None, apply=lambda p, h: dual.layers[-1](p, h))
+                data.train, x=_features(dual, params, data.train.x, top=layers)))
+        # the top layers as a model of their own (local training never calls init)
+        top = dual.model._replace(init=None, apply=_upper(dual, layers))
 
         def one(cid, k):
-            trained = run_local(top, {dual.top: params[dual.top]}, feats, cid, k,
-                                cfg, optimizer=optax.sgd(lr))[0]
+            trained = run_local(top, {k_: params[k_] for k_ in trained_keys}, feats,
+                                cid, k, cfg, optimizer=optax.sgd(lr))[0]
             return {**params, **trained}
     else:
-        labels = {k: ("train" if k == dual.top else "freeze") for k in params}
+        labels = {k: ("train" if k in trained_keys else "freeze") for k in params}
         opt = optax.multi_transform({"train": optax.sgd(lr),
                                      "freeze": optax.set_to_zero()}, labels)
 

@@ -138,7 +138,7 @@ def lindt_algorithm(method, dual, mal, *, lr, lr_decay, cohort_size, steps, clip
                     v_init: str = "random", stop: str = "never",
                     stop_streak: int = metrics.STOP_STREAK,
                     grad_clip: float | None = None, apfl_alpha: float = 0.01,
-                    apfl_adaptive: bool = True):
+                    apfl_adaptive: bool = True, fb_layers: int = 1):
     """A Table 3 method in the NFL environment (eq. 4 DP on every upload).
     LINDT's variants run ``local_epochs`` (None: ``steps`` steps, as APFL and
     FedProx always do), start their local models by ``v_init`` and end dual
@@ -147,7 +147,8 @@ def lindt_algorithm(method, dual, mal, *, lr, lr_decay, cohort_size, steps, clip
     on ``algorithms.lindt``; APFL and FedProx take no such bound (nor the
     attackers' step multiplier or ``lr_decay``) and ignore it. APFL's mixing
     weight starts at ``apfl_alpha`` (the paper: 0.01) and adapts
-    (``apfl_adaptive``, the paper) or stays fixed."""
+    (``apfl_adaptive``, the paper) or stays fixed. FB finetunes the top
+    ``fb_layers`` layers (the paper: 1) for ``fb_steps`` steps at ``fb_lr``."""
     common = {"client_lr": lr, "batch_size": batch_size, "cohort_size": cohort_size}
     if method in ("apfl", "fedprox"):
         # Eq. 4's noise: std sigma on the mean = client_level_dp with z = sigma K/S.
@@ -168,8 +169,8 @@ def lindt_algorithm(method, dual, mal, *, lr, lr_decay, cohort_size, steps, clip
         clip=clip, noise_std=noise_std, malicious=mal, malicious_multiplier=5,
         eps=eps, r_prime=r_prime,
         finetune_top_steps=fb_steps if method in ("fedavg", "fb") else 0,
-        finetune_top_lr=fb_lr, v_init=v_init, stop=stop, stop_streak=stop_streak,
-        grad_clip=grad_clip, **common)
+        finetune_top_lr=fb_lr, finetune_top_layers=fb_layers, v_init=v_init,
+        stop=stop, stop_streak=stop_streak, grad_clip=grad_clip, **common)
 
 
 IMAGE_SIZE = {"mlp": 16, "cnn": 32}  # CIFAR-10 side length for each model

@@ -390,6 +390,41 @@ def test_fb_on_cached_features_equals_the_whole_model(which):
             chex.assert_trees_all_equal(stacked, params[k])
 
 
+@pytest.mark.parametrize("layers", [2, 3])
+def test_fb_on_more_layers_trains_exactly_those(layers):
+    """``layers = k`` finetunes the top k layers (3: the whole MLP): cached
+    features equal the whole-model path, the layers below stay as they were
+    and each finetuned one moves."""
+    dual = algorithms.dual_mlp((4,), 3, (5, 6))  # Dense_0, Dense_1, Dense_2
+    fd = _data(rows=13)
+    params = dual.model.init(jax.random.key(0))
+
+    def fb(limit):
+        return algorithms.finetune_top(dual, params, fd, jax.random.key(3), steps=7,
+                                       lr=0.3, batch_size=5,
+                                       feature_cache_bytes=limit, layers=layers)
+
+    cached, whole = fb(2**30), fb(0)
+    chex.assert_trees_all_close(cached, whole, atol=1e-5, rtol=1e-5)
+    for i, k in enumerate(["Dense_0", "Dense_1", "Dense_2"]):
+        first = jax.tree.map(lambda a: a[0], cached[k])
+        if i >= 3 - layers:
+            assert not np.allclose(first["kernel"], params[k]["kernel"]), k
+        else:
+            chex.assert_trees_all_equal(first, params[k])
+
+
+def test_fb_layers_is_checked():
+    params = DUAL.model.init(jax.random.key(0))
+    for bad in (0, 3, 1.5):
+        with pytest.raises(ValueError, match="layers"):
+            algorithms.finetune_top(DUAL, params, _data(), jax.random.key(0),
+                                    steps=1, lr=0.1, batch_size=2, layers=bad)
+    with pytest.raises(ValueError, match="finetune_top_layers"):
+        algorithms.lindt(DUAL, client_lr=0.1, finetune_top_steps=1,
+                         finetune_top_layers=3)
+
+
 def test_fb_features_in_chunks_equal_one_pass():
     """The feature cache runs the lower layers ``chunk`` rows at a time, with
     a shorter last chunk."""

@@ -208,3 +208,23 @@ def test_lindt_nfl_apfl_alpha_is_a_setting_of_its_own(tmp_path):
     assert "APFL alpha" not in blocks[0] and "| APFL (2 seeds) |" in blocks[1]
     assert blocks[2].endswith(", APFL alpha 0.5 fixed)")
     assert blocks[4].endswith(", APFL alpha 0.5 adaptive)")
+
+
+def test_lindt_nfl_fb_layers_is_a_setting_of_its_own(tmp_path):
+    path = tmp_path / "r.jsonl"
+    recs = [_rec(0, "fb", 1.0),  # older records finetuned the top layer only
+            _rec(1, "fb", 2.0, fb_layers=1),
+            _rec(0, "fb", 3.0, fb_layers=5)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    blocks = ln.report(str(path)).split("\n\n")
+    assert len(blocks) == 4
+    assert "top" not in blocks[0] and "| FB (2 seeds) |" in blocks[1]
+    assert "FB 100 steps at lr 0.01 on the top 5 layers," in blocks[2]
+
+
+def test_lindt_nfl_fb_layers_is_checked_before_training(monkeypatch):
+    monkeypatch.setattr(ln, "cached_private_accuracy", lambda *a: pytest.fail(
+        "trained before checking --fb-layers"))
+    with pytest.raises(SystemExit):
+        ln.main(["--data", "synthetic", "--hidden", "8", "--fb-layers", "3",
+                 "--rounds", "1"])
