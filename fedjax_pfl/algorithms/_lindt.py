@@ -420,22 +420,23 @@ def lindt(
 FEATURE_CACHE_BYTES = 2**30
 
 
-def _lower(dual: DualModel, top: int = 1):
-    """``(params, x) -> h``: every layer of ``dual`` but the last ``top``."""
+def _chain(layers):
+    """``(params, x) -> out``: ``layers`` applied in turn."""
     def f(p, x):
-        for layer in dual.layers[:len(dual.layers) - top]:
+        for layer in layers:
             x = layer(p, x)
         return x
     return f
 
 
+def _lower(dual: DualModel, top: int = 1):
+    """Every layer of ``dual`` but the last ``top``, as one function."""
+    return _chain(dual.layers[:len(dual.layers) - top])
+
+
 def _upper(dual: DualModel, top: int = 1):
-    """``(params, h) -> out``: the last ``top`` layers of ``dual``."""
-    def f(p, h):
-        for layer in dual.layers[len(dual.layers) - top:]:
-            h = layer(p, h)
-        return h
-    return f
+    """The last ``top`` layers of ``dual``, as one function."""
+    return _chain(dual.layers[len(dual.layers) - top:])
 
 
 class _Reads(dict):
