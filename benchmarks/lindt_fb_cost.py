@@ -28,8 +28,9 @@ from throughput import _meta, _timed, parse_or_report, read_jsonl, write_jsonl
 
 
 def report(path: str) -> str:
-    lines = ["| clients x rows | layers | steps | path | seconds "
-             "| largest parameter difference |", "|---|---|---|---|---|---|"]
+    head = ("| clients x rows | layers | steps | path | seconds "
+            "| largest parameter difference |")
+    lines = [head, "|---|---|---|---|---|---|"]
     for r in read_jsonl(path):
         diff = f"{r['max_abs_diff']:.1e}" if "max_abs_diff" in r else "-"
         lines.append(f"| {r['clients']} x {r['rows']} | {r.get('layers', 1)} | "
