@@ -489,7 +489,8 @@ def finetune_top(dual: DualModel, params, data, key, *, steps: int, lr,
     computed once and the top layers train on it (the same minibatches, the
     same steps) when those features take at most ``feature_cache_bytes``
     (default ``FEATURE_CACHE_BYTES``) and the model has no regularizer; else
-    every step runs the whole model with the lower layers' updates set to zero.
+    every step runs the whole model with the lower layers' updates set to zero
+    (and always for the whole model: nothing below it to cache).
     Both give the same parameters up to float rounding (tested)."""
     check_int("layers", layers, lo=1, hi=len(dual.layers))
     ids = jnp.arange(data.num_clients, dtype=jnp.int32)
@@ -498,7 +499,7 @@ def finetune_top(dual: DualModel, params, data, key, *, steps: int, lr,
     limit = FEATURE_CACHE_BYTES if feature_cache_bytes is None else feature_cache_bytes
     shape = jax.eval_shape(_lower(dual, layers), params, data.train.x)
     trained_keys = _upper_keys(dual, params, shape, layers)
-    if (dual.model.regularizer is None
+    if (layers < len(dual.layers) and dual.model.regularizer is None
             and shape.size * shape.dtype.itemsize <= limit):
         feats = dataclasses.replace(
             data, train=dataclasses.replace(

@@ -392,9 +392,9 @@ def test_fb_on_cached_features_equals_the_whole_model(which):
 
 @pytest.mark.parametrize("layers", [2, 3])
 def test_fb_on_more_layers_trains_exactly_those(layers):
-    """``layers = k`` finetunes the top k layers (3: the whole MLP): cached
-    features equal the whole-model path, the layers below stay as they were
-    and each finetuned one moves."""
+    """``layers = k`` finetunes the top k layers (3: the whole MLP, which
+    never caches: test below): cached features equal the whole-model path, the
+    layers below stay as they were and each finetuned one moves."""
     dual = algorithms.dual_mlp((4,), 3, (5, 6))  # Dense_0, Dense_1, Dense_2
     fd = _data(rows=13)
     params = dual.model.init(jax.random.key(0))
@@ -412,6 +412,27 @@ def test_fb_on_more_layers_trains_exactly_those(layers):
             assert not np.allclose(first["kernel"], params[k]["kernel"]), k
         else:
             chex.assert_trees_all_equal(first, params[k])
+
+
+def test_fb_on_the_whole_model_caches_nothing(monkeypatch):
+    """With every layer finetuned there is nothing frozen to cache: the whole
+    model trains directly, whatever ``feature_cache_bytes`` allows."""
+    from fedjax_pfl.algorithms import _lindt
+
+    def no_cache(*args, **kwargs):
+        raise AssertionError("the feature cache was built")
+
+    monkeypatch.setattr(_lindt, "_features", no_cache)
+    params = DUAL.model.init(jax.random.key(0))
+    out = algorithms.finetune_top(DUAL, params, _data(), jax.random.key(1), steps=2,
+                                  lr=0.1, batch_size=2, feature_cache_bytes=2**30,
+                                  layers=len(DUAL.layers))
+    for k in params:
+        assert not np.allclose(jax.tree.leaves(out[k])[0][0],
+                               jax.tree.leaves(params[k])[0]), k
+    with pytest.raises(AssertionError, match="feature cache"):  # the patch bites
+        algorithms.finetune_top(DUAL, params, _data(), jax.random.key(1), steps=2,
+                                lr=0.1, batch_size=2, feature_cache_bytes=2**30)
 
 
 def test_fb_layers_is_checked():
