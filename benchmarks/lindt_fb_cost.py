@@ -2,10 +2,11 @@
 layer (the top ``--layers`` layers) of LINDT's CIFAR CNN (940,362 parameters)
 for ``--steps`` steps of batch 10, through the whole model with the lower
 layers frozen (``whole``) or on the lower layers' features computed once
-(``cached``, ``algorithms.finetune_top``'s default when they fit). Synthetic 32x32x3 images, ``--clients`` clients of
-``--rows`` rows (the paper's CIFAR clients hold about 500); seconds after a
-first compiling call, and the largest difference between the two paths'
-parameters (only the finetuned layers can differ).
+(``cached``, ``algorithms.finetune_top``'s default when they fit; the whole
+model, ``--layers 5``, has only the first). Synthetic 32x32x3 images,
+``--clients`` clients of ``--rows`` rows (the paper's CIFAR clients hold
+about 500); seconds after a first compiling call, and the largest difference
+between the two paths' parameters (only the finetuned layers can differ).
 
     python benchmarks/lindt_fb_cost.py --out docs/results/lindt_fb_cost_cpu.jsonl
     python benchmarks/lindt_fb_cost.py --layers 5 --steps 100 --out docs/results/lindt_fb_cost_cpu.jsonl
