@@ -67,9 +67,10 @@ def main(argv=None):
     params = dual.model.init(jax.random.key(0))
     records, tops = [], {}
     for i, steps in enumerate(args.steps):
-        paths = (("cached", None), ("whole", 0))[:2 if i == 0 else 1]
         if args.layers == len(dual.layers):  # nothing frozen to cache: one path
-            paths = paths[1:]
+            paths = (("whole", 0),)
+        else:
+            paths = (("cached", None), ("whole", 0))[:2 if i == 0 else 1]
         for path, limit in paths:
             fb = jax.jit(lambda w, s=steps, lim=limit: algorithms.finetune_top(
                 dual, w, fd, jax.random.key(1), steps=s, lr=0.01, batch_size=10,

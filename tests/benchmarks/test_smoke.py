@@ -787,9 +787,10 @@ def test_lindt_fb_cost_smoke(tmp_path):
     assert recs[1]["max_abs_diff"] < 1e-5 and all(r["seconds"] > 0 for r in recs)
     assert "| 2 x 12 | 1 | 3 | whole |" in mod.report(str(out))
     # the whole model finetuned: nothing to cache, one path
-    recs = mod.main(["--clients", "2", "--rows", "12", "--steps", "3", "--layers", "5",
-                     "--out", str(out)])
-    assert [(r["layers"], r["path"]) for r in recs] == [(5, "whole")]
+    recs = mod.main(["--clients", "2", "--rows", "12", "--steps", "3", "6", "--layers",
+                     "5", "--out", str(out)])
+    assert [(r["layers"], r["steps"], r["path"]) for r in recs] == [
+        (5, 3, "whole"), (5, 6, "whole")]
     assert "| 2 x 12 | 5 | 3 | whole | " in mod.report(str(out))
     with pytest.raises(SystemExit):
         mod.main(["--layers", "6", "--out", str(out)])
