@@ -49,6 +49,12 @@ def _stop(*args, **kwargs):
 _MODULES = {}
 
 
+def _module(name):
+    if name not in _MODULES:
+        _MODULES[name] = load_benchmark(name)
+    return _MODULES[name]
+
+
 @pytest.mark.parametrize("line", list(_jobs()))
 def test_job_passes_its_benchmarks_checks(line, tmp_path, monkeypatch):
     words = shlex.split(line.replace("{out}", str(tmp_path / "out.jsonl"))
@@ -58,9 +64,7 @@ def test_job_passes_its_benchmarks_checks(line, tmp_path, monkeypatch):
     assert script.parent.name == "benchmarks" and script.suffix == ".py", line
     name = script.stem
     assert name in FIRST_LOAD, f"{name}: add where its argument checks end"
-    if name not in _MODULES:
-        _MODULES[name] = load_benchmark(name)
-    mod = _MODULES[name]
+    mod = _module(name)
     holder, attr = FIRST_LOAD[name]
     monkeypatch.setattr(mod if holder is None else getattr(mod, holder), attr, _stop)
     with pytest.raises(_Stop):
@@ -69,7 +73,7 @@ def test_job_passes_its_benchmarks_checks(line, tmp_path, monkeypatch):
 
 def test_a_stale_flag_is_caught(monkeypatch):
     """The check above can fail: an unknown flag stops before the data."""
-    mod = _MODULES.get("ditto_fmnist") or load_benchmark("ditto_fmnist")
+    mod = _module("ditto_fmnist")
     monkeypatch.setattr(mod, "load", _stop)
     with pytest.raises(SystemExit):
         mod.main(["--no-such-flag"])
