@@ -6,6 +6,7 @@ stub that stops it: what comes before is the whole argument checking. The files 
 record what a past lease ran (gpu_jobs_lease_*.txt, gpu_jobs_ditto_table1.txt)
 stay as they ran and are not checked."""
 
+import functools
 import pathlib
 import shlex
 
@@ -46,13 +47,9 @@ def _stop(*args, **kwargs):
     raise _Stop
 
 
-_MODULES = {}
-
-
+@functools.cache
 def _module(name):
-    if name not in _MODULES:
-        _MODULES[name] = load_benchmark(name)
-    return _MODULES[name]
+    return load_benchmark(name)
 
 
 @pytest.mark.parametrize("line", list(_jobs()))
