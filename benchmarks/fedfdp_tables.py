@@ -26,7 +26,8 @@ runs take ``--rounds`` at ``--lr-nonprivate`` 0.1 (the paper gives no lr; at
 ``--model mlp`` is the CPU-scale model of the sweeps.
 Reported: the global model's test accuracy over all test rows (sample-weighted
 mean over clients) and Psi (the training-size-weighted variance of the clients'
-test losses, FedFDP eq. 6). Writes JSON lines (``--out``).
+test losses, FedFDP eq. 6), at the last round and, as ``curve``, at every
+evaluation. Writes JSON lines (``--out``).
 
     FEDJAX_PFL_DATA_DIR=/path/to/data python benchmarks/fedfdp_tables.py \
         --datasets mnist fmnist --rounds 150 --out docs/results/fedfdp_tables.jsonl
@@ -407,7 +408,11 @@ def main(argv=None):
                    # the global model's size (DP-FedDyn's grows, docs/results/privacy.md)
                    "global/param_norm": float(optax.tree.norm(global_view.params)),
                    **{k: v for k, v in last.items()
-                      if k.startswith(("global/", "round", "train/"))}}
+                      if k.startswith(("global/", "round", "train/"))},
+                   # every evaluation: (round, test accuracy, Psi), for plateaus
+                   "curve": [[h["round"], h["global/test/accuracy/mean"],
+                              h["global/test/loss/psi"]] for h in res.history
+                             if "global/test/accuracy/mean" in h]}
             records.append(rec)
             write_jsonl(args.out, [rec])
             print(f"{ds} {m}: T={last['round']} acc "

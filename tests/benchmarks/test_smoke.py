@@ -604,9 +604,13 @@ def test_fedfdp_tables_smoke(tmp_path):
                for r in recs)
     # a validation split (from the training rows) is evaluated beside test
     [val] = _load("fedfdp_tables").main([
-        "--clients", "3", "--max-examples", "600", "--rounds", "2", "--eval-every", "2",
+        "--clients", "3", "--max-examples", "600", "--rounds", "2", "--eval-every", "1",
         "--methods", "fedavg", "--val-fraction", "0.2", "--out", str(out)])
     assert val["val_fraction"] == 0.2 and 0 <= val["global/val/accuracy/mean"] <= 1
+    # every evaluation's (round, test accuracy, Psi), the last one the record's
+    assert [c[0] for c in val["curve"]] == [0, 1, 2]  # round 0: the initial model
+    assert val["curve"][-1][1:] == [val["global/test/accuracy/mean"],
+                                    val["global/test/loss/psi"]]
 
 
 def test_conv_loop_smoke(tmp_path):
