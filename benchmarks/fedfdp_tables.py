@@ -196,7 +196,25 @@ def report(path: str) -> str:
                      f"{100 * r['global/test/accuracy/mean']:.2f}{diverged} | "
                      f"{r['global/test/loss/psi']:.3g} | {pa} | {pp} | "
                      f"{r['wall_s']:.0f} |")
-    return "\n".join(lines + _across_seeds(last) + _chosen_on_val(last))
+    return "\n".join(lines + _across_seeds(last) + _chosen_on_val(last)
+                     + _curves(last))
+
+
+def _curves(last) -> list[str]:
+    """The global model's test accuracy at every evaluation of the records
+    that carry a ``curve`` (records before 2026-11-29 do not), to tell a
+    plateau from a run still climbing."""
+    rows = [f"| {ds} | {m}{variant} | {seed} | "
+            + ", ".join(f"{rnd}: {100 * acc:.2f}" for rnd, acc, _ in r["curve"]) + " |"
+            for (ds, m, seed, _, _, variant), r in sorted(
+                last.items(), key=lambda kv: (kv[0][0], METHODS.index(kv[0][1]),
+                                              kv[0][5], kv[0][2], kv[0][3]))
+            if len(r.get("curve", ())) > 1]
+    if not rows:
+        return []
+    return ["", "Test accuracy at every evaluation (round: %):", "",
+            "| dataset | method | seed | round: test acc % |", "|---|---|---|---|",
+            *rows]
 
 
 def _setting_order(item):

@@ -49,6 +49,19 @@ def test_report_has_no_seed_table_for_single_runs(tmp_path):
     assert "several seeds" not in ft.report(str(path))
 
 
+def test_report_lists_the_curve_of_each_record_that_has_one(tmp_path):
+    path = tmp_path / "r.jsonl"
+    recs = [_rec(1, 0.95, 0.01, method="fedavg", round=200,
+                 curve=[[0, 0.1, 0.2], [100, 0.9, 0.02], [200, 0.95, 0.01]]),
+            _rec(2, 0.8, 0.05)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    lines = ft.report(str(path)).splitlines()
+    assert "| mnist | fedavg | 1 | 0: 10.00, 100: 90.00, 200: 95.00 |" in lines
+    assert sum(x.startswith("| mnist | fedfdp | 2 |") for x in lines) == 0
+    path.write_text(json.dumps(recs[1]) + "\n")
+    assert "every evaluation" not in ft.report(str(path))
+
+
 def test_checkpoint_folder_names_every_setting_but_the_rounds():
     """Runs that differ in the model, lambda or the loss-clip floor get different
     checkpoint folders; more rounds (a resumed, longer run) keep the folder."""
