@@ -179,9 +179,7 @@ def report(path: str) -> str:
     lines = ["| dataset | method | rounds | normaliser | epsilon (delta 1e-5) | "
              "test acc % | Psi (test loss) | paper acc % | paper Psi | wall s |",
              "|---|---|---|---|---|---|---|---|---|---|"]
-    for (ds, m, _, _, _, variant), r in sorted(last.items(), key=lambda kv: (
-            kv[0][0], METHODS.index(kv[0][1]), kv[0][5], kv[0][2], kv[0][3],
-            kv[0][4])):
+    for (ds, m, _, _, _, variant), r in sorted(last.items(), key=_record_order):
         private = m in PRIVATE
         # records made before 2026-11-24 carry no normaliser: the paper's |B|
         norm = r.get("normalize", "realized") if private else "-"
@@ -200,15 +198,21 @@ def report(path: str) -> str:
                      + _curves(last))
 
 
+def _record_order(item):
+    """Sort key of a ``((dataset, method, seed, rounds, normaliser, variant),
+    record)`` item: dataset, the paper's method order, variant, seed, rounds,
+    normaliser."""
+    (ds, m, seed, rnd, norm, variant), _ = item
+    return ds, METHODS.index(m), variant, seed, rnd, norm
+
+
 def _curves(last) -> list[str]:
     """The global model's test accuracy at every evaluation of the records
     that carry a ``curve`` (records before 2026-11-29 do not), to tell a
     plateau from a run still climbing."""
     rows = [f"| {ds} | {m}{variant} | {seed} | "
             + ", ".join(f"{rnd}: {100 * acc:.2f}" for rnd, acc, _ in r["curve"]) + " |"
-            for (ds, m, seed, _, _, variant), r in sorted(
-                last.items(), key=lambda kv: (kv[0][0], METHODS.index(kv[0][1]),
-                                              kv[0][5], kv[0][2], kv[0][3]))
+            for (ds, m, seed, _, _, variant), r in sorted(last.items(), key=_record_order)
             if len(r.get("curve", ())) > 1]
     if not rows:
         return []
