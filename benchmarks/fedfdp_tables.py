@@ -421,6 +421,7 @@ def main(argv=None):
                    "epsilon": last.get("privacy/epsilon"), "q": args.q,
                    "clip": args.clip, "sigma": args.sigma, "lam": args.lam,
                    "normalize": args.normalize, "resumed": args.resume,
+                   "strategy": args.strategy,
                    "model": args.model,  # FedFDP's own options only on its rows
                    **({"loss_clip_floor": args.loss_clip_floor,
                        "fair_clip": args.fair_clip} if m == "fedfdp" else {}),

@@ -607,6 +607,7 @@ def test_fedfdp_tables_smoke(tmp_path):
         "--clients", "3", "--max-examples", "600", "--rounds", "2", "--eval-every", "1",
         "--methods", "fedavg", "--val-fraction", "0.2", "--out", str(out)])
     assert val["val_fraction"] == 0.2 and 0 <= val["global/val/accuracy/mean"] <= 1
+    assert val["strategy"] == "auto"
     # every evaluation's (round, test accuracy, Psi), the last one the record's
     assert [c[0] for c in val["curve"]] == [0, 1, 2]  # round 0: the initial model
     assert val["curve"][-1][1:] == [val["global/test/accuracy/mean"],
