@@ -27,7 +27,8 @@ runs take ``--rounds`` at ``--lr-nonprivate`` 0.1 (the paper gives no lr; at
 Reported: the global model's test accuracy over all test rows (sample-weighted
 mean over clients) and Psi (the training-size-weighted variance of the clients'
 test losses, FedFDP eq. 6), at the last round and, as ``curve``, at every
-evaluation. Writes JSON lines (``--out``).
+evaluation; FedFair's and FedFDP's records add ``fair_weights``, the clients'
+fairness weights at every evaluation. Writes JSON lines (``--out``).
 
     FEDJAX_PFL_DATA_DIR=/path/to/data python benchmarks/fedfdp_tables.py \
         --datasets mnist fmnist --rounds 150 --out docs/results/fedfdp_tables.jsonl
@@ -195,7 +196,7 @@ def report(path: str) -> str:
                      f"{r['global/test/loss/psi']:.3g} | {pa} | {pp} | "
                      f"{r['wall_s']:.0f} |")
     return "\n".join(lines + _across_seeds(last) + _chosen_on_val(last)
-                     + _curves(last))
+                     + _curves(last) + _fair_weights(last))
 
 
 def _record_order(item):
@@ -219,6 +220,23 @@ def _curves(last) -> list[str]:
     return ["", "Test accuracy at every evaluation (round: %):", "",
             "| dataset | method | seed | round: test acc % |", "|---|---|---|---|",
             *rows]
+
+
+def _fair_weights(last) -> list[str]:
+    """FedFair's and FedFDP's fairness weights ``1 + lam (L_k - F_hat)`` at
+    every evaluation (min / mean / max over clients, each averaged over the
+    rounds since the previous evaluation) of the records that carry them
+    (records before 2026-11-29 do not): how far lam moves the step sizes."""
+    rows = [f"| {ds} | {m}{variant} | {seed} | "
+            + ", ".join(f"{rnd}: {lo:.4f} / {mean:.4f} / {hi:.4f}"
+                        for rnd, _, lo, mean, hi in r["fair_weights"]) + " |"
+            for (ds, m, seed, _, _, variant), r in sorted(last.items(), key=_record_order)
+            if r.get("fair_weights")]
+    if not rows:
+        return []
+    return ["", ("Fairness weights 1 + lam (L_k - F_hat) over clients (round: min / "
+                 "mean / max):"), "", "| dataset | method | seed | round: weights |",
+            "|---|---|---|---|", *rows]
 
 
 def _setting_order(item):
@@ -435,7 +453,15 @@ def main(argv=None):
                    # every evaluation: (round, test accuracy, Psi), for plateaus
                    "curve": [[h["round"], h["global/test/accuracy/mean"],
                               h["global/test/loss/psi"]] for h in res.history
-                             if "global/test/accuracy/mean" in h]}
+                             if "global/test/accuracy/mean" in h],
+                   # FedFair's and FedFDP's weights 1 + lam (L_k - F_hat): (round,
+                   # F_hat, min, mean, max over clients), each the mean over the
+                   # rounds since the previous evaluation
+                   **({"fair_weights": [
+                       [h["round"], h["server/fhat"], h["server/fair_weight_min"],
+                        h["train/fair_weight"], h["server/fair_weight_max"]]
+                       for h in res.history if "server/fair_weight_min" in h]}
+                      if m in ("fedfair", "fedfdp") else {})}
             records.append(rec)
             write_jsonl(args.out, [rec])
             print(f"{ds} {m}: T={last['round']} acc "

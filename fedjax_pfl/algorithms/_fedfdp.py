@@ -124,7 +124,10 @@ def fedfdp_client(fc: FedFDPConfig, server: FedFDPServerState,
                 else client_state.loss_clip)
     n = data.train.counts[cid].astype(jnp.float32)
     delta = jax.tree.map(jnp.subtract, w_k, w)
-    metrics = {"loss": loss, "released_loss": released, "num_examples": n, **dpm}
+    # the client's fairness weight 1 + lam (L_k - F_hat), L_k its mean batch loss:
+    # the mean of the per-example weights (before clipping) over its steps
+    metrics = {"loss": loss, "released_loss": released, "num_examples": n,
+               "fair_weight": 1.0 + fc.lam * (loss - server.fhat), **dpm}
     return ClientResult(FedFDPClientState(new_clip), delta, n, metrics)
 
 
@@ -163,6 +166,10 @@ def fedfdp(
     package's shared defaults here). Privacy (per client, sample level): the
     declared mechanism (``Algorithm.privacy``; ``privacy.Monitor.of``) is
     ``privacy.fedfdp_event(q, sigma, rounds, sigma_loss, num_local_steps)``.
+    Each round reports ``server/fhat`` and the clients' fairness weights
+    ``1 + lam (L_k - F_hat)`` (``L_k`` the client's mean batch loss; the mean
+    of its per-example weights before clipping): their mean over clients
+    ``train/fair_weight``, and ``server/fair_weight_min`` and ``_max``.
 
     Args:
       model: the model.
@@ -240,7 +247,10 @@ def fedfdp(
         fhat = jnp.sum(n * metrics["released_loss"]) / jnp.sum(n)
         params, opt_state = server_update(server_opt, server.params,
                                           server.opt_state, delta)
-        return FedFDPServerState(params, fhat, opt_state), {"server/fhat": fhat}
+        fw = metrics["fair_weight"]  # the spread of the weights (NaN: no step)
+        return FedFDPServerState(params, fhat, opt_state), {
+            "server/fhat": fhat, "server/fair_weight_min": jnp.nanmin(fw),
+            "server/fair_weight_max": jnp.nanmax(fw)}
 
     step = round_step(functools.partial(fedfdp_client, fc), server_fn,
                       cohort_size=cohort_size, cohort=cohort,

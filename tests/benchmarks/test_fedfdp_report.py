@@ -62,6 +62,21 @@ def test_report_lists_the_curve_of_each_record_that_has_one(tmp_path):
     assert "every evaluation" not in ft.report(str(path))
 
 
+def test_report_lists_the_fairness_weights_of_each_record_that_has_them(tmp_path):
+    path = tmp_path / "r.jsonl"
+    recs = [_rec(1, 0.95, 0.01, method="fedfair", round=200,
+                 fair_weights=[[100, 0.3, 0.99, 1.0, 1.02],
+                               [200, 0.1, 0.998, 0.999, 1.0004]]),
+            _rec(2, 0.8, 0.05)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    lines = ft.report(str(path)).splitlines()
+    assert ("| mnist | fedfair | 1 | 100: 0.9900 / 1.0000 / 1.0200, "
+            "200: 0.9980 / 0.9990 / 1.0004 |") in lines
+    assert not any(x.startswith("| mnist | fedfdp | 2 |") for x in lines)
+    path.write_text(json.dumps(recs[1]) + "\n")
+    assert "Fairness weights" not in ft.report(str(path))
+
+
 def test_checkpoint_folder_names_every_setting_but_the_rounds():
     """Runs that differ in the model, lambda or the loss-clip floor get different
     checkpoint folders; more rounds (a resumed, longer run) keep the folder."""

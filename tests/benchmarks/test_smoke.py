@@ -599,6 +599,10 @@ def test_fedfdp_tables_smoke(tmp_path):
     assert by["fedfdp"]["round"] == 2 and by["dp_fedavg"]["round"] >= 2
     assert by["dp_fedavg"]["epsilon"] <= by["fedfdp"]["target_epsilon"] + 1e-9
     assert "| mnist | fedfdp [3 clients] | 2 |" in _load("fedfdp_tables").report(str(out))
+    # FedFDP's fairness weights (round, F_hat, min, mean, max); none for DP-FedAvg
+    [(rnd, fhat, lo, mean, hi)] = by["fedfdp"]["fair_weights"]
+    assert rnd == 2 and fhat > 0 and lo <= mean <= hi
+    assert "fair_weights" not in by["dp_fedavg"]
     # the global model's size, from its evaluation view
     assert all(np.isfinite(r["global/param_norm"]) and r["global/param_norm"] > 1
                for r in recs)

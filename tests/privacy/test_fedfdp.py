@@ -153,6 +153,35 @@ def test_fedfair_runs_and_keeps_bounds(data):
     assert float(m["train/dp/clipped_fraction"]) == 0.0
 
 
+def test_fair_weight_metrics(data):
+    """The reported fairness weights are 1 + lam (L_k - F_hat) with the F_hat the
+    clients saw: their mean is linear in the clients' mean loss; min <= mean
+    <= max, the spread grows with lam, and lam = 0 gives 1 for every client."""
+    def alg(lam):
+        return algorithms.fedfair(MODEL, lam=lam, sampling_rate=0.3, client_lr=0.3,
+                                  num_local_steps=1, cohort_size=None, cohort="full")
+    s = alg(0.5).init(jax.random.key(1), data)
+    run = jax.jit(lambda lam, s, d: fp.core.run_rounds(
+        alg(lam), s, d, jax.random.key(0), 1, engine=fp.EngineConfig(unroll=1)))
+    s1, m = run(jnp.float32(0.5), s, data)  # round 0: F_hat = 0
+    _, m2 = run(jnp.float32(0.5), s1, data)  # round 1: F_hat of round 0
+    assert float(s1.server.fhat) > 0
+    for out, fhat in ((m, 0.0), (m2, float(s1.server.fhat))):
+        fw, lo, hi = (float(out[k]) for k in ("train/fair_weight",
+                                              "server/fair_weight_min",
+                                              "server/fair_weight_max"))
+        assert fw == pytest.approx(1 + 0.5 * (float(out["train/loss"]) - fhat),
+                                   rel=1e-6)
+        assert lo < fw < hi
+    _, m3 = run(jnp.float32(1.0), s1, data)
+    spread = [float(x["server/fair_weight_max"] - x["server/fair_weight_min"])
+              for x in (m2, m3)]
+    assert spread[1] == pytest.approx(2 * spread[0], rel=1e-5)  # one step: same losses
+    _, m0 = run(jnp.float32(0.0), s1, data)
+    assert float(m0["server/fair_weight_min"]) == float(
+        m0["server/fair_weight_max"]) == 1.0
+
+
 def test_bad_arguments():
     for kw, name in [({"weighting": "x"}, "weighting"), ({"lam": -1.0}, "lam"),
                      ({"loss_clip": 0.0}, "loss_clip"),
