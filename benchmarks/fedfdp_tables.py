@@ -207,19 +207,26 @@ def _record_order(item):
     return ds, METHODS.index(m), variant, seed, rnd, norm
 
 
+def _per_evaluation(last, field, point, title, column, min_points=1) -> list[str]:
+    """A table with one row per record that carries at least ``min_points``
+    entries of ``field`` (one per evaluation), each shown as ``point(*entry)``."""
+    rows = [f"| {ds} | {m}{variant} | {seed} | "
+            + ", ".join(point(*e) for e in r[field]) + " |"
+            for (ds, m, seed, _, _, variant), r in sorted(last.items(), key=_record_order)
+            if len(r.get(field) or ()) >= min_points]
+    if not rows:
+        return []
+    return ["", title, "", f"| dataset | method | seed | {column} |",
+            "|---|---|---|---|", *rows]
+
+
 def _curves(last) -> list[str]:
     """The global model's test accuracy at every evaluation of the records
     that carry a ``curve`` (records before 2026-11-29 do not), to tell a
     plateau from a run still climbing."""
-    rows = [f"| {ds} | {m}{variant} | {seed} | "
-            + ", ".join(f"{rnd}: {100 * acc:.2f}" for rnd, acc, _ in r["curve"]) + " |"
-            for (ds, m, seed, _, _, variant), r in sorted(last.items(), key=_record_order)
-            if len(r.get("curve", ())) > 1]
-    if not rows:
-        return []
-    return ["", "Test accuracy at every evaluation (round: %):", "",
-            "| dataset | method | seed | round: test acc % |", "|---|---|---|---|",
-            *rows]
+    return _per_evaluation(last, "curve", lambda rnd, acc, _: f"{rnd}: {100 * acc:.2f}",
+                           "Test accuracy at every evaluation (round: %):",
+                           "round: test acc %", min_points=2)
 
 
 def _fair_weights(last) -> list[str]:
@@ -227,16 +234,11 @@ def _fair_weights(last) -> list[str]:
     every evaluation (min / mean / max over clients, each averaged over the
     rounds since the previous evaluation) of the records that carry them
     (records before 2026-11-29 do not): how far lam moves the step sizes."""
-    rows = [f"| {ds} | {m}{variant} | {seed} | "
-            + ", ".join(f"{rnd}: {lo:.4f} / {mean:.4f} / {hi:.4f}"
-                        for rnd, _, lo, mean, hi in r["fair_weights"]) + " |"
-            for (ds, m, seed, _, _, variant), r in sorted(last.items(), key=_record_order)
-            if r.get("fair_weights")]
-    if not rows:
-        return []
-    return ["", ("Fairness weights 1 + lam (L_k - F_hat) over clients (round: min / "
-                 "mean / max):"), "", "| dataset | method | seed | round: weights |",
-            "|---|---|---|---|", *rows]
+    return _per_evaluation(
+        last, "fair_weights",
+        lambda rnd, _, lo, mean, hi: f"{rnd}: {lo:.4f} / {mean:.4f} / {hi:.4f}",
+        "Fairness weights 1 + lam (L_k - F_hat) over clients (round: min / mean / "
+        "max):", "round: weights")
 
 
 def _setting_order(item):
@@ -431,6 +433,12 @@ def main(argv=None):
             last = res.history[-1]
             global_view = alg.eval_models(res.state, fed.test,
                                           jax.random.key(0))["global"]
+            # FedFair's and FedFDP's weights 1 + lam (L_k - F_hat): (round, F_hat,
+            # min, mean, max over clients), each the mean over the rounds since
+            # the previous evaluation
+            fair = [[h["round"], h["server/fhat"], h["server/fair_weight_min"],
+                     h["train/fair_weight"], h["server/fair_weight_max"]]
+                    for h in res.history if "server/fair_weight_min" in h]
             rec = {**_meta(), "dataset": ds, "method": m, "seed": args.seed,
                    "partition_seed": part_seed, "alpha": args.alpha,
                    "val_fraction": args.val_fraction,
@@ -454,14 +462,7 @@ def main(argv=None):
                    "curve": [[h["round"], h["global/test/accuracy/mean"],
                               h["global/test/loss/psi"]] for h in res.history
                              if "global/test/accuracy/mean" in h],
-                   # FedFair's and FedFDP's weights 1 + lam (L_k - F_hat): (round,
-                   # F_hat, min, mean, max over clients), each the mean over the
-                   # rounds since the previous evaluation
-                   **({"fair_weights": [
-                       [h["round"], h["server/fhat"], h["server/fair_weight_min"],
-                        h["train/fair_weight"], h["server/fair_weight_max"]]
-                       for h in res.history if "server/fair_weight_min" in h]}
-                      if m in ("fedfair", "fedfdp") else {})}
+                   **({"fair_weights": fair} if fair else {})}
             records.append(rec)
             write_jsonl(args.out, [rec])
             print(f"{ds} {m}: T={last['round']} acc "
