@@ -43,6 +43,7 @@ def _load_throughput():
 MODELS = {
     "mlp": lambda: (models.mlp((784,), 10, (200, 200)), (784,)),
     "fedavg_cnn": lambda: (models.fedavg_cnn((28, 28, 1), 10), (28, 28, 1)),
+    "fedavg_cnn_cifar": lambda: (models.fedavg_cnn((32, 32, 3), 10), (32, 32, 3)),
     "tiny_mlp": lambda: (models.mlp((16,), 10, (8,)), (16,)),  # smoke runs
 }
 

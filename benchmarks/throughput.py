@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+import fedjax_pfl
 from fedjax_pfl import algorithms, models
 from fedjax_pfl.core import EngineConfig, KeyTag, execution, run_rounds
 from fedjax_pfl.core._local import local_train
@@ -149,7 +150,11 @@ def _meta():
     return {"jax": jax.__version__, "backend": jax.default_backend(),
             "device_kind": dev.device_kind, "num_devices": jax.device_count(),
             "cpu_count": os.cpu_count(), "machine": platform.machine(),
-            "git_sha": sha, "date": datetime.datetime.now().isoformat(timespec="seconds")}
+            "git_sha": sha, "date": datetime.datetime.now().isoformat(timespec="seconds"),
+            # the XLA flags the process runs with (fedjax_pfl adds one on the CPU
+            # at import: fedjax_pfl/_xla_cpu.py) and what the package did
+            "xla_flags": os.environ.get("XLA_FLAGS", ""),
+            "xla_cpu_setting": fedjax_pfl.xla_cpu_setting}
 
 
 def cpu_model() -> str:

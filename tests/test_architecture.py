@@ -46,8 +46,12 @@ MODULES = {name: (path, is_pkg) for name, path, is_pkg in _modules()}
 
 
 def _subpackage(mod):
+    """The subpackage a module belongs to (None: the root package, with its
+    top-level modules such as ``fedjax_pfl._xla_cpu``)."""
     parts = mod.split(".")
-    return parts[1] if len(parts) > 1 else None
+    if len(parts) < 2 or not MODULES.get(".".join(parts[:2]), (None, True))[1]:
+        return None
+    return parts[1]
 
 
 def test_no_private_imports_across_subpackages():

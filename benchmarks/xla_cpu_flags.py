@@ -1,0 +1,135 @@
+"""XLA:CPU's own defaults vs the package's setting, same machine, same run.
+
+fedjax_pfl turns XLA's YNN library fusions off on the CPU at import
+(``--xla_cpu_experimental_ynn_fusion_type=``, fedjax_pfl/_xla_cpu.py).
+This script runs the same workloads twice in fresh processes, once with
+``FEDJAX_PFL_XLA_CPU_DEFAULTS=0`` (XLA's defaults) and once without (the
+package's setting), and records both with the children's CPU time split into
+user and kernel (system) time:
+
+* ``benchmarks/privacy.py``: one local step of 10 clients, plain and DP
+  (ghost clipping), with the CIFAR-10 FedAvgCNN, the MNIST FedAvgCNN and the
+  MLP, at a batch of 250 (FedFDP's q = 0.05 of a 5,000-example client);
+* ``benchmarks/throughput.py``: one round of 100 clients per strategy (logreg,
+  MLP, the small CNN).
+
+    python benchmarks/xla_cpu_flags.py --out docs/results/xla_cpu_flags_cpu.jsonl
+    python benchmarks/xla_cpu_flags.py --report docs/results/xla_cpu_flags_cpu.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+
+# the caller's XLA_FLAGS, before importing fedjax_pfl (through throughput) adds
+# the package's flag to this process's environment: the children start from it
+CALLER_XLA_FLAGS = os.environ.get("XLA_FLAGS")
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from throughput import parse_or_report, read_jsonl, write_jsonl
+
+SETTINGS = {"xla": "0", "package": "1"}  # FEDJAX_PFL_XLA_CPU_DEFAULTS
+META = ("jax", "backend", "device_kind", "num_devices", "cpu_count", "machine",
+        "git_sha", "date", "xla_flags", "xla_cpu_setting")  # throughput._meta
+
+
+def workloads(args) -> dict[str, list[str]]:
+    return {
+        "privacy": ["privacy.py", "--models", *args.privacy_models, "--clients",
+                    str(args.clients), "--batch", str(args.batch), "--variants",
+                    "plain", "ghost", "--repeats", str(args.repeats)],
+        "throughput": ["throughput.py", "--models", *args.throughput_models,
+                       "--clients", str(args.throughput_clients), "--repeats",
+                       str(args.repeats)],
+    }
+
+
+def _run(script_args: list[str], setting: str) -> tuple[list[dict], dict]:
+    """Runs one benchmark in a fresh process; its records and CPU times."""
+    env = dict(os.environ, FEDJAX_PFL_XLA_CPU_DEFAULTS=SETTINGS[setting])
+    env.pop("XLA_FLAGS", None)
+    if CALLER_XLA_FLAGS is not None:
+        env["XLA_FLAGS"] = CALLER_XLA_FLAGS
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "records.jsonl")
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        subprocess.run([sys.executable, os.path.join(HERE, script_args[0]),
+                        *script_args[1:], "--out", out], env=env, check=True)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        records = read_jsonl(out)
+    times = {"user_s": after.ru_utime - before.ru_utime,
+             "system_s": after.ru_stime - before.ru_stime,
+             "minor_faults": after.ru_minflt - before.ru_minflt}
+    return records, times
+
+
+def _key(r) -> tuple:
+    return (r["bench"], r["model"], r["clients"], r["variant"])
+
+
+def _seconds(r) -> float:
+    return r["step_s"] if r["bench"] == "privacy" else r["round_s"]
+
+
+def report(paths) -> str:
+    """Markdown tables: each workload's time under both settings, and each
+    process's user / system time."""
+    return _tables([r for p in paths for r in read_jsonl(p)])
+
+
+def _tables(recs) -> str:
+    by = {(_key(r), r["setting"]): r for r in recs if "model" in r}
+    rows = [("| benchmark | model | clients | variant | XLA defaults s | package s "
+             "| speedup |"), "|---|---|---|---|---|---|---|"]
+    for key in dict.fromkeys(k for k, _ in by):
+        a, b = by.get((key, "xla")), by.get((key, "package"))
+        if a and b:
+            rows.append(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | "
+                        f"{_seconds(a):.4f} | {_seconds(b):.4f} | "
+                        f"**{_seconds(a) / _seconds(b):.2f}x** |")
+    rows += ["", "| benchmark | setting | user s | system s | minor page faults |",
+             "|---|---|---|---|---|"]
+    for r in recs:
+        if "user_s" in r:
+            rows.append(f"| {r['bench']} | {r['setting']} | {r['user_s']:.1f} | "
+                        f"{r['system_s']:.1f} | {r['minor_faults']:,} |")
+    return "\n".join(rows)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--benchmarks", nargs="+", default=["privacy", "throughput"],
+                   choices=["privacy", "throughput"])
+    p.add_argument("--privacy-models", nargs="+",
+                   default=["fedavg_cnn_cifar", "fedavg_cnn", "mlp"])
+    p.add_argument("--clients", type=int, default=10)
+    p.add_argument("--batch", type=int, default=250)
+    p.add_argument("--throughput-models", nargs="+", default=["logreg", "mlp", "cnn"])
+    p.add_argument("--throughput-clients", type=int, default=100)
+    p.add_argument("--repeats", type=int, default=3)
+    args = parse_or_report(p, argv, report, multiple=True)
+    if args is None:
+        return []
+    records = []
+    for bench in args.benchmarks:
+        for setting in SETTINGS:
+            recs, times = _run(workloads(args)[bench], setting)
+            recs = [dict(r, bench=bench, setting=setting) for r in recs]
+            summary = {**{k: recs[0][k] for k in META}, "bench": bench,
+                       "setting": setting, "command": workloads(args)[bench],
+                       **times}
+            records += recs + [summary]
+            write_jsonl(args.out, recs + [summary])
+            print(f"{bench} {setting}: user {times['user_s']:.1f} s, system "
+                  f"{times['system_s']:.1f} s, {times['minor_faults']:,} minor faults")
+    print(_tables(records))
+    return records
+
+
+if __name__ == "__main__":
+    main()
