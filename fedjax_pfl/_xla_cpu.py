@@ -2,10 +2,10 @@
 
 jaxlib 0.9-0.10 hands convolutions (and some dots, element-wise and reduce
 fusions) on the CPU to the YNN library by default
-(``--xla_cpu_experimental_ynn_fusion_type``). On the CPUs measured here its
-convolutions run 2-4x slower than XLA's own code at the batch sizes federated
-training uses, and allocate fresh memory on every call (about 40 % of a DP
-CNN round went to the kernel zeroing pages), so the package turns those
+(``--xla_cpu_experimental_ynn_fusion_type``). On the 2-vCPU AMD EPYC this
+project measures on, its convolutions over a DP batch or a vmapped cohort run
+2-4x slower than XLA's own code and allocate fresh memory on every call (the
+kernel's page zeroing took a fifth of the CPU time), so the package turns those
 fusions off: it adds ``--xla_cpu_experimental_ynn_fusion_type=`` to
 ``XLA_FLAGS``. Numbers: ``python benchmarks/xla_cpu_flags.py``,
 docs/results/throughput.md.
@@ -78,7 +78,8 @@ def _warn_if_late(status: str) -> None:
         import warnings
         warnings.warn(
             "fedjax_pfl was imported after JAX started its CPU backend, so "
-            f"XLA_FLAGS could not get {FLAG}= and convolutions run 2-4x slower: "
+            f"XLA_FLAGS could not get {FLAG}= (convolutions over large batches run "
+            "2-4x slower with XLA's default): "
             f"import fedjax_pfl first, or set {FLAG}= in XLA_FLAGS yourself "
             f"({ENV}=0 silences this)", stacklevel=3)
 
