@@ -11,9 +11,15 @@ user and kernel (system) time:
   (ghost clipping), with the CIFAR-10 FedAvgCNN, the MNIST FedAvgCNN and the
   MLP, at a batch of 250 (FedFDP's q = 0.05 of a 5,000-example client);
 * ``benchmarks/throughput.py``: one round of 100 clients per strategy (logreg,
-  MLP, the small CNN).
+  MLP, the small CNN);
+* with ``--benchmarks fedfdp``, a whole private run of
+  ``benchmarks/fedfdp_tables.py`` (DP-FedAvg, the paper's CNN, CIFAR-10 by
+  default) at ``--fedfdp-rounds`` and at twice that: the difference of their
+  wall times is the time of the extra rounds.
 
     python benchmarks/xla_cpu_flags.py --out docs/results/xla_cpu_flags_cpu.jsonl
+    FEDJAX_PFL_DATA_DIR=... python benchmarks/xla_cpu_flags.py --benchmarks fedfdp \
+        --out docs/results/xla_cpu_flags_cpu.jsonl
     python benchmarks/xla_cpu_flags.py --report docs/results/xla_cpu_flags_cpu.jsonl
 """
 
@@ -22,44 +28,79 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import shlex
 import subprocess
 import sys
 import tempfile
 
-# the caller's XLA_FLAGS, before importing fedjax_pfl (through throughput) adds
-# the package's flag to this process's environment: the children start from it
-CALLER_XLA_FLAGS = os.environ.get("XLA_FLAGS")
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from throughput import parse_or_report, read_jsonl, write_jsonl
+
+import fedjax_pfl
+
+FLAG = "--xla_cpu_experimental_ynn_fusion_type="
+
+
+def _caller_xla_flags() -> str | None:
+    """This process's XLA_FLAGS without what importing fedjax_pfl added: the
+    children start from the caller's flags."""
+    flags = os.environ.get("XLA_FLAGS")
+    if fedjax_pfl.xla_cpu_setting == "applied":
+        flags = " ".join(f for f in flags.split() if f != FLAG) or None
+    return flags
+
 
 SETTINGS = {"xla": "0", "package": "1"}  # FEDJAX_PFL_XLA_CPU_DEFAULTS
 META = ("jax", "backend", "device_kind", "num_devices", "cpu_count", "machine",
         "git_sha", "date", "xla_flags", "xla_cpu_setting")  # throughput._meta
 
 
-def workloads(args) -> dict[str, list[str]]:
+def workloads(args) -> dict[str, list[list[str]]]:
+    """Each benchmark's commands (one process each, run in order)."""
+    def fedfdp(rounds):  # one record: the run's wall time after `rounds`
+        return ["fedfdp_tables.py", "--model", "cnn", "--datasets", args.fedfdp_data,
+                "--methods", "dp_fedavg", "--rounds", str(rounds), "--eval-every",
+                str(rounds), "--partition-seed", "1", "--seed", "1", "--strategy",
+                args.fedfdp_strategy, *shlex.split(args.fedfdp_extra)]
+
     return {
-        "privacy": ["privacy.py", "--models", *args.privacy_models, "--clients",
-                    str(args.clients), "--batch", str(args.batch), "--variants",
-                    "plain", "ghost", "--repeats", str(args.repeats)],
-        "throughput": ["throughput.py", "--models", *args.throughput_models,
-                       "--clients", str(args.throughput_clients), "--repeats",
-                       str(args.repeats)],
+        "privacy": [["privacy.py", "--models", *args.privacy_models, "--clients",
+                     str(args.clients), "--batch", str(args.batch), "--variants",
+                     "plain", "ghost", "--repeats", str(args.repeats)]],
+        "throughput": [["throughput.py", "--models", *args.throughput_models,
+                        "--clients", str(args.throughput_clients), "--repeats",
+                        str(args.repeats)]],
+        # the same run at two lengths: the difference is rounds alone (the
+        # compile, the data loading and the one evaluation cancel)
+        "fedfdp": [fedfdp(args.fedfdp_rounds), fedfdp(2 * args.fedfdp_rounds)],
     }
 
 
-def _run(script_args: list[str], setting: str) -> tuple[list[dict], dict]:
-    """Runs one benchmark in a fresh process; its records and CPU times."""
+def _fedfdp_round(recs, args) -> dict:
+    """The per-round time of the two fedfdp runs (DP-FedAvg's rounds are the
+    accountant's, so they are read from the records)."""
+    short, long_ = recs
+    return {"model": f"cnn_{args.fedfdp_data}", "clients": short["clients"],
+            "variant": f"dp_fedavg:{args.fedfdp_strategy}",
+            "rounds": [short["round"], long_["round"]],
+            "round_s": (long_["wall_s"] - short["wall_s"])
+            / (long_["round"] - short["round"])}
+
+
+def _run(commands: list[list[str]], setting: str) -> tuple[list[dict], dict]:
+    """Runs one benchmark's commands, each in a fresh process; their records and
+    CPU times."""
     env = dict(os.environ, FEDJAX_PFL_XLA_CPU_DEFAULTS=SETTINGS[setting])
     env.pop("XLA_FLAGS", None)
-    if CALLER_XLA_FLAGS is not None:
-        env["XLA_FLAGS"] = CALLER_XLA_FLAGS
+    if _caller_xla_flags() is not None:
+        env["XLA_FLAGS"] = _caller_xla_flags()
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "records.jsonl")
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        subprocess.run([sys.executable, os.path.join(HERE, script_args[0]),
-                        *script_args[1:], "--out", out], env=env, check=True)
+        for script, *rest in commands:
+            subprocess.run([sys.executable, os.path.join(HERE, script), *rest,
+                            "--out", out], env=env, check=True)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         records = read_jsonl(out)
     times = {"user_s": after.ru_utime - before.ru_utime,
@@ -104,7 +145,10 @@ def _tables(recs) -> str:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--benchmarks", nargs="+", default=["privacy", "throughput"],
-                   choices=["privacy", "throughput"])
+                   choices=["privacy", "throughput", "fedfdp"],
+                   help="fedfdp: a private FedFDP-table run (DP-FedAvg, the "
+                   "paper's CNN) at --fedfdp-rounds and twice that (needs "
+                   "FEDJAX_PFL_DATA_DIR)")
     p.add_argument("--privacy-models", nargs="+",
                    default=["fedavg_cnn_cifar", "fedavg_cnn", "mlp"])
     p.add_argument("--clients", type=int, default=10)
@@ -112,6 +156,14 @@ def main(argv=None):
     p.add_argument("--throughput-models", nargs="+", default=["logreg", "mlp", "cnn"])
     p.add_argument("--throughput-clients", type=int, default=100)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--fedfdp-data", default="cifar10", choices=["mnist", "fmnist",
+                                                                "cifar10"])
+    p.add_argument("--fedfdp-rounds", type=int, default=10)
+    p.add_argument("--fedfdp-strategy", default="unroll",
+                   choices=["auto", "unroll", "map", "vmap"])
+    p.add_argument("--fedfdp-extra", default="",
+                   help="more fedfdp_tables.py arguments (smoke runs: "
+                   "'--clients 3 --max-examples 600 --model mlp')")
     args = parse_or_report(p, argv, report, multiple=True)
     if args is None:
         return []
@@ -119,6 +171,8 @@ def main(argv=None):
     for bench in args.benchmarks:
         for setting in SETTINGS:
             recs, times = _run(workloads(args)[bench], setting)
+            if bench == "fedfdp":  # the runs' records: only the per-round time
+                recs = [{**{k: recs[0][k] for k in META}, **_fedfdp_round(recs, args)}]
             recs = [dict(r, bench=bench, setting=setting) for r in recs]
             summary = {**{k: recs[0][k] for k in META}, "bench": bench,
                        "setting": setting, "command": workloads(args)[bench],

@@ -618,6 +618,28 @@ def test_fedfdp_tables_smoke(tmp_path):
                                     val["global/test/loss/psi"]]
 
 
+def test_xla_cpu_flags_smoke(tmp_path):
+    """Both settings run in fresh processes and say which they ran with."""
+    if not os.environ.get("FEDJAX_PFL_DATA_DIR"):
+        pytest.skip("FEDJAX_PFL_DATA_DIR is not set")
+    out = tmp_path / "x.jsonl"
+    mod = _load("xla_cpu_flags")
+    recs = mod.main([
+        "--benchmarks", "privacy", "fedfdp", "--privacy-models", "tiny_mlp",
+        "--batch", "8", "--repeats", "1", "--fedfdp-data", "mnist",
+        "--fedfdp-rounds", "1", "--fedfdp-extra",
+        "--clients 3 --max-examples 600 --model mlp", "--out", str(out)])
+    flags = {r["setting"]: (r["xla_flags"], r["xla_cpu_setting"]) for r in recs}
+    assert flags["xla"][1] == "disabled" and "ynn" not in flags["xla"][0]
+    assert flags["package"][1] in ("applied", "jaxlib")
+    [fed] = [r for r in recs if r["bench"] == "fedfdp" and r["setting"] == "package"
+             and "round_s" in r]  # the per-round time; the other: CPU times
+    assert fed["rounds"][1] > fed["rounds"][0] and math.isfinite(fed["round_s"])
+    table = mod.report([str(out)])
+    assert "| fedfdp | cnn_mnist | 3 | dp_fedavg:unroll |" in table
+    assert table.count("| tiny_mlp |") == 2  # plain and ghost, both settings
+
+
 def test_conv_loop_smoke(tmp_path):
     out = tmp_path / "c.jsonl"
     mod = _load("conv_loop")
