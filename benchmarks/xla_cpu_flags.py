@@ -81,7 +81,7 @@ def _fedfdp_round(recs, args) -> dict:
     """The per-round time of the two fedfdp runs (DP-FedAvg's rounds are the
     accountant's, so they are read from the records)."""
     short, long_ = recs
-    return {"model": f"cnn_{args.fedfdp_data}", "clients": short["clients"],
+    return {"model": f"{short['model']}_{short['dataset']}", "clients": short["clients"],
             "variant": f"dp_fedavg:{args.fedfdp_strategy}",
             "rounds": [short["round"], long_["round"]],
             "round_s": (long_["wall_s"] - short["wall_s"])

@@ -636,7 +636,7 @@ def test_xla_cpu_flags_smoke(tmp_path):
              and "round_s" in r]  # the per-round time; the other: CPU times
     assert fed["rounds"][1] > fed["rounds"][0] and math.isfinite(fed["round_s"])
     table = mod.report([str(out)])
-    assert "| fedfdp | cnn_mnist | 3 | dp_fedavg:unroll |" in table
+    assert "| fedfdp | mlp_mnist | 3 | dp_fedavg:unroll |" in table
     assert table.count("| tiny_mlp |") == 2  # plain and ghost, both settings
 
 
