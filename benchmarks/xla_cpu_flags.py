@@ -93,8 +93,9 @@ def _run(commands: list[list[str]], setting: str) -> tuple[list[dict], dict]:
     CPU times."""
     env = dict(os.environ, FEDJAX_PFL_XLA_CPU_DEFAULTS=SETTINGS[setting])
     env.pop("XLA_FLAGS", None)
-    if _caller_xla_flags() is not None:
-        env["XLA_FLAGS"] = _caller_xla_flags()
+    flags = _caller_xla_flags()
+    if flags is not None:
+        env["XLA_FLAGS"] = flags
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "records.jsonl")
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -169,13 +170,14 @@ def main(argv=None):
         return []
     records = []
     for bench in args.benchmarks:
+        commands = workloads(args)[bench]
         for setting in SETTINGS:
-            recs, times = _run(workloads(args)[bench], setting)
+            recs, times = _run(commands, setting)
             if bench == "fedfdp":  # the runs' records: only the per-round time
                 recs = [{**{k: recs[0][k] for k in META}, **_fedfdp_round(recs, args)}]
             recs = [dict(r, bench=bench, setting=setting) for r in recs]
             summary = {**{k: recs[0][k] for k in META}, "bench": bench,
-                       "setting": setting, "command": workloads(args)[bench],
+                       "setting": setting, "command": commands,
                        **times}
             records += recs + [summary]
             write_jsonl(args.out, recs + [summary])
