@@ -17,8 +17,15 @@ user and kernel (system) time:
   default) at ``--fedfdp-rounds`` and at twice that: the difference of their
   wall times is the time of the extra rounds.
 
+``--ynn NAME=VALUE`` adds settings of its own: XLA's defaults with
+``--xla_cpu_experimental_ynn_fusion_type=VALUE`` (e.g. ``-individual_convolution``
+removes one fusion type from XLA's default list, ``individual_dot`` keeps only
+that one), to find which of YNN's fusions costs and which pays.
+
     python benchmarks/xla_cpu_flags.py --out docs/results/xla_cpu_flags_cpu.jsonl
     FEDJAX_PFL_DATA_DIR=... python benchmarks/xla_cpu_flags.py --benchmarks fedfdp \
+        --out docs/results/xla_cpu_flags_cpu.jsonl
+    python benchmarks/xla_cpu_flags.py --ynn no_conv=-individual_convolution \
         --out docs/results/xla_cpu_flags_cpu.jsonl
     python benchmarks/xla_cpu_flags.py --report docs/results/xla_cpu_flags_cpu.jsonl
 """
@@ -51,7 +58,6 @@ def _caller_xla_flags() -> str | None:
     return flags
 
 
-SETTINGS = {"xla": "0", "package": "1"}  # FEDJAX_PFL_XLA_CPU_DEFAULTS
 META = ("jax", "backend", "device_kind", "num_devices", "cpu_count", "machine",
         "git_sha", "date", "xla_flags", "xla_cpu_setting")  # throughput._meta
 
@@ -88,14 +94,28 @@ def _fedfdp_round(recs, args) -> dict:
             / (long_["round"] - short["round"])}
 
 
-def _run(commands: list[list[str]], setting: str) -> tuple[list[dict], dict]:
+def _settings(ynn: list[str]) -> dict[str, tuple[str, str | None]]:
+    """Setting name -> (FEDJAX_PFL_XLA_CPU_DEFAULTS, YNN fusion value or None)."""
+    out = {"xla": ("0", None), "package": ("1", None)}
+    for item in ynn:
+        name, sep, value = item.partition("=")
+        if not sep or not name or name in out:
+            raise SystemExit(f"--ynn: expected NAME=VALUE with a new name (not "
+                             f"{sorted(out)}), got {item!r}")
+        out[name] = ("0", value)
+    return out
+
+
+def _run(commands: list[list[str]], setting: tuple[str, str | None]
+         ) -> tuple[list[dict], dict]:
     """Runs one benchmark's commands, each in a fresh process; their records and
     CPU times."""
-    env = dict(os.environ, FEDJAX_PFL_XLA_CPU_DEFAULTS=SETTINGS[setting])
+    defaults, ynn = setting
+    env = dict(os.environ, FEDJAX_PFL_XLA_CPU_DEFAULTS=defaults)
     env.pop("XLA_FLAGS", None)
-    flags = _caller_xla_flags()
-    if flags is not None:
-        env["XLA_FLAGS"] = flags
+    flags = [f for f in [_caller_xla_flags(), ynn is not None and FLAG + ynn] if f]
+    if flags:
+        env["XLA_FLAGS"] = " ".join(flags)
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "records.jsonl")
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -126,14 +146,18 @@ def report(paths) -> str:
 
 def _tables(recs) -> str:
     by = {(_key(r), r["setting"]): r for r in recs if "model" in r}
-    rows = [("| benchmark | model | clients | variant | XLA defaults s | package s "
-             "| speedup |"), "|---|---|---|---|---|---|---|"]
+    others = [s for s in dict.fromkeys(s for _, s in by) if s != "xla"]
+    rows = [("| benchmark | model | clients | variant | XLA defaults s | "
+             + " | ".join(f"{s} s (speedup)" for s in others) + " |"),
+            "|---|---|---|---|---|" + "---|" * len(others)]
     for key in dict.fromkeys(k for k, _ in by):
-        a, b = by.get((key, "xla")), by.get((key, "package"))
-        if a and b:
-            rows.append(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | "
-                        f"{_seconds(a):.4f} | {_seconds(b):.4f} | "
-                        f"**{_seconds(a) / _seconds(b):.2f}x** |")
+        a = by.get((key, "xla"))
+        if a is None:
+            continue
+        cells = [f"{_seconds(b):.4f} (**{_seconds(a) / _seconds(b):.2f}x**)"
+                 if (b := by.get((key, s))) else "" for s in others]
+        rows.append(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | "
+                    f"{_seconds(a):.4f} | " + " | ".join(cells) + " |")
     rows += ["", "| benchmark | setting | user s | system s | minor page faults |",
              "|---|---|---|---|---|"]
     for r in recs:
@@ -162,17 +186,21 @@ def main(argv=None):
     p.add_argument("--fedfdp-rounds", type=int, default=10)
     p.add_argument("--fedfdp-strategy", default="unroll",
                    choices=["auto", "unroll", "map", "vmap"])
+    p.add_argument("--ynn", nargs="+", default=[], metavar="NAME=VALUE",
+                   help="more settings: XLA's defaults with "
+                   f"{FLAG}VALUE (e.g. no_conv=-individual_convolution)")
     p.add_argument("--fedfdp-extra", default="",
                    help="more fedfdp_tables.py arguments (smoke runs: "
                    "'--clients 3 --max-examples 600 --model mlp')")
     args = parse_or_report(p, argv, report, multiple=True)
     if args is None:
         return []
+    settings = _settings(args.ynn)
     records = []
     for bench in args.benchmarks:
         commands = workloads(args)[bench]
-        for setting in SETTINGS:
-            recs, times = _run(commands, setting)
+        for setting, how in settings.items():
+            recs, times = _run(commands, how)
             if bench == "fedfdp":  # the runs' records: only the per-round time
                 recs = [{**{k: recs[0][k] for k in META}, **_fedfdp_round(recs, args)}]
             recs = [dict(r, bench=bench, setting=setting) for r in recs]

@@ -628,16 +628,23 @@ def test_xla_cpu_flags_smoke(tmp_path):
         "--benchmarks", "privacy", "fedfdp", "--privacy-models", "tiny_mlp",
         "--batch", "8", "--repeats", "1", "--fedfdp-data", "mnist",
         "--fedfdp-rounds", "1", "--fedfdp-extra",
-        "--clients 3 --max-examples 600 --model mlp", "--out", str(out)])
+        "--clients 3 --max-examples 600 --model mlp",
+        "--ynn", "no_conv=-individual_convolution", "--out", str(out)])
     flags = {r["setting"]: (r["xla_flags"], r["xla_cpu_setting"]) for r in recs}
     assert flags["xla"][1] == "disabled" and "ynn" not in flags["xla"][0]
     assert flags["package"][1] in ("applied", "jaxlib")
+    assert flags["no_conv"][0].endswith(  # after the caller's (conftest's) flags
+        "--xla_cpu_experimental_ynn_fusion_type=-individual_convolution")
+    assert flags["no_conv"][1] == "disabled"
     [fed] = [r for r in recs if r["bench"] == "fedfdp" and r["setting"] == "package"
              and "round_s" in r]  # the per-round time; the other: CPU times
     assert fed["rounds"][1] > fed["rounds"][0] and math.isfinite(fed["round_s"])
     table = mod.report([str(out)])
     assert "| fedfdp | mlp_mnist | 3 | dp_fedavg:unroll |" in table
-    assert table.count("| tiny_mlp |") == 2  # plain and ghost, both settings
+    assert table.count("| tiny_mlp |") == 2  # plain and ghost, all settings
+    assert "| package s (speedup) | no_conv s (speedup) |" in table
+    with pytest.raises(SystemExit, match="--ynn: expected NAME=VALUE"):
+        mod.main(["--ynn", "package=", "--out", str(out)])
 
 
 def test_conv_loop_smoke(tmp_path):
