@@ -20,7 +20,10 @@ user and kernel (system) time:
 ``--ynn NAME=VALUE`` adds settings of its own: XLA's defaults with
 ``--xla_cpu_experimental_ynn_fusion_type=VALUE`` (e.g. ``-individual_convolution``
 removes one fusion type from XLA's default list, ``individual_dot`` keeps only
-that one), to find which of YNN's fusions costs and which pays.
+that one), to find which of YNN's fusions costs and which pays. ``--cycles K``
+runs the whole comparison K times, the settings interleaved, and the report
+gives each workload's median and range over the cycles (on a shared 2-vCPU
+machine one setting's time moved by a quarter between two runs).
 
     python benchmarks/xla_cpu_flags.py --out docs/results/xla_cpu_flags_cpu.jsonl
     FEDJAX_PFL_DATA_DIR=... python benchmarks/xla_cpu_flags.py --benchmarks fedfdp \
@@ -33,9 +36,12 @@ that one), to find which of YNN's fusions costs and which pays.
 from __future__ import annotations
 
 import argparse
+import datetime
+import itertools
 import os
 import resource
 import shlex
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -130,6 +136,17 @@ def _run(commands: list[list[str]], setting: tuple[str, str | None]
     return records, times
 
 
+def _med(cycles: int) -> str:
+    return f" (median of {cycles} cycles: min-max)" if cycles > 1 else ""
+
+
+def _cell(times: list[float]) -> str:
+    """One setting's seconds: the value, or over cycles the median and range."""
+    if len(times) == 1:
+        return f"{times[0]:.4f}"
+    return f"{statistics.median(times):.4f}: {min(times):.4f}-{max(times):.4f}"
+
+
 def _key(r) -> tuple:
     return (r["bench"], r["model"], r["clients"], r["variant"])
 
@@ -138,26 +155,55 @@ def _seconds(r) -> float:
     return r["step_s"] if r["bench"] == "privacy" else r["round_s"]
 
 
+def runs(recs) -> list[list[dict]]:
+    """The records split into the invocations that wrote them: by their ``run``
+    (the invocation's start); records written before that field existed by
+    their order (in one run each (benchmark, setting) writes its workload
+    records, then its summary with the CPU times, once: a record of a pair
+    whose summary is already there starts the next run)."""
+    out, seen, current = [], set(), object()
+    for r in recs:
+        pair = (r["bench"], r["setting"])
+        run = r.get("run")
+        if not out or run != current or (run is None and pair in seen):
+            out.append([])
+            seen, current = set(), run
+        out[-1].append(r)
+        if "user_s" in r:
+            seen.add(pair)
+    return out
+
+
 def report(paths) -> str:
-    """Markdown tables: each workload's time under both settings, and each
-    process's user / system time."""
-    return _tables([r for p in paths for r in read_jsonl(p)])
+    """Markdown tables per run: each workload's time under every setting, and
+    each process's user / system time."""
+    parts = []
+    for i, run in enumerate(runs([r for p in paths for r in read_jsonl(p)]), 1):
+        shas = ", ".join(dict.fromkeys(r["git_sha"] for r in run))
+        dates = sorted(r["date"] for r in run)
+        parts.append(f"Run {i}: git {shas}, {dates[0]} to {dates[-1]}\n\n"
+                     + _tables(run))
+    return "\n\n".join(parts)
 
 
 def _tables(recs) -> str:
-    by = {(_key(r), r["setting"]): r for r in recs if "model" in r}
+    by: dict[tuple, list[float]] = {}  # (workload, setting) -> seconds per cycle
+    for r in recs:
+        if "model" in r:
+            by.setdefault((_key(r), r["setting"]), []).append(_seconds(r))
+    cycles = max(map(len, by.values()), default=1)
     others = [s for s in dict.fromkeys(s for _, s in by) if s != "xla"]
-    rows = [("| benchmark | model | clients | variant | XLA defaults s | "
+    rows = [(f"| benchmark | model | clients | variant | XLA defaults s{_med(cycles)} | "
              + " | ".join(f"{s} s (speedup)" for s in others) + " |"),
             "|---|---|---|---|---|" + "---|" * len(others)]
     for key in dict.fromkeys(k for k, _ in by):
-        a = by.get((key, "xla"))
-        if a is None:
+        if (key, "xla") not in by:
             continue
-        cells = [f"{_seconds(b):.4f} (**{_seconds(a) / _seconds(b):.2f}x**)"
+        a = statistics.median(by[key, "xla"])
+        cells = [f"{_cell(b)} (**{a / statistics.median(b):.2f}x**)"
                  if (b := by.get((key, s))) else "" for s in others]
         rows.append(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | "
-                    f"{_seconds(a):.4f} | " + " | ".join(cells) + " |")
+                    f"{_cell(by[key, 'xla'])} | " + " | ".join(cells) + " |")
     rows += ["", "| benchmark | setting | user s | system s | minor page faults |",
              "|---|---|---|---|---|"]
     for r in recs:
@@ -186,6 +232,10 @@ def main(argv=None):
     p.add_argument("--fedfdp-rounds", type=int, default=10)
     p.add_argument("--fedfdp-strategy", default="unroll",
                    choices=["auto", "unroll", "map", "vmap"])
+    p.add_argument("--cycles", type=int, default=1,
+                   help="run every (benchmark, setting) this many times, the "
+                   "settings interleaved (a drifting machine then shifts all "
+                   "settings alike); the report gives medians and ranges")
     p.add_argument("--ynn", nargs="+", default=[], metavar="NAME=VALUE",
                    help="more settings: XLA's defaults with "
                    f"{FLAG}VALUE (e.g. no_conv=-individual_convolution)")
@@ -195,22 +245,26 @@ def main(argv=None):
     args = parse_or_report(p, argv, report, multiple=True)
     if args is None:
         return []
+    if args.cycles < 1:
+        p.error(f"--cycles must be a positive integer, got {args.cycles}")
     settings = _settings(args.ynn)
-    records = []
-    for bench in args.benchmarks:
-        commands = workloads(args)[bench]
-        for setting, how in settings.items():
-            recs, times = _run(commands, how)
-            if bench == "fedfdp":  # the runs' records: only the per-round time
-                recs = [{**{k: recs[0][k] for k in META}, **_fedfdp_round(recs, args)}]
-            recs = [dict(r, bench=bench, setting=setting) for r in recs]
-            summary = {**{k: recs[0][k] for k in META}, "bench": bench,
-                       "setting": setting, "command": commands,
-                       **times}
-            records += recs + [summary]
-            write_jsonl(args.out, recs + [summary])
-            print(f"{bench} {setting}: user {times['user_s']:.1f} s, system "
-                  f"{times['system_s']:.1f} s, {times['minor_faults']:,} minor faults")
+    run = datetime.datetime.now().isoformat(timespec="seconds")  # see runs()
+    records, work = [], workloads(args)
+    for cycle, bench, (setting, how) in itertools.product(
+            range(args.cycles), args.benchmarks, settings.items()):
+        commands = work[bench]
+        recs, times = _run(commands, how)
+        if bench == "fedfdp":  # the runs' records: only the per-round time
+            recs = [{**{k: recs[0][k] for k in META}, **_fedfdp_round(recs, args)}]
+        recs = [dict(r, bench=bench, setting=setting, run=run, cycle=cycle)
+                for r in recs]
+        summary = {**{k: recs[0][k] for k in META}, "bench": bench,
+                   "setting": setting, "run": run, "cycle": cycle,
+                   "command": commands, **times}
+        records += recs + [summary]
+        write_jsonl(args.out, recs + [summary])
+        print(f"{bench} {setting}: user {times['user_s']:.1f} s, system "
+              f"{times['system_s']:.1f} s, {times['minor_faults']:,} minor faults")
     print(_tables(records))
     return records
 

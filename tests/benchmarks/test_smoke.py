@@ -639,7 +639,9 @@ def test_xla_cpu_flags_smoke(tmp_path):
     [fed] = [r for r in recs if r["bench"] == "fedfdp" and r["setting"] == "package"
              and "round_s" in r]  # the per-round time; the other: CPU times
     assert fed["rounds"][1] > fed["rounds"][0] and math.isfinite(fed["round_s"])
+    assert len({r["run"] for r in recs}) == 1  # one invocation
     table = mod.report([str(out)])
+    assert table.startswith("Run 1: git ") and "Run 2" not in table
     assert "| fedfdp | mlp_mnist | 3 | dp_fedavg:unroll |" in table
     assert table.count("| tiny_mlp |") == 2  # plain and ghost, all settings
     assert "| package s (speedup) | no_conv s (speedup) |" in table
