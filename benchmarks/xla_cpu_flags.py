@@ -256,11 +256,10 @@ def main(argv=None):
         recs, times = _run(commands, how)
         if bench == "fedfdp":  # the runs' records: only the per-round time
             recs = [{**{k: recs[0][k] for k in META}, **_fedfdp_round(recs, args)}]
-        recs = [dict(r, bench=bench, setting=setting, run=run, cycle=cycle)
-                for r in recs]
-        summary = {**{k: recs[0][k] for k in META}, "bench": bench,
-                   "setting": setting, "run": run, "cycle": cycle,
-                   "command": commands, **times}
+        tag = {"bench": bench, "setting": setting, "run": run, "cycle": cycle}
+        recs = [{**r, **tag} for r in recs]
+        summary = {**{k: recs[0][k] for k in META}, **tag, "command": commands,
+                   **times}
         records += recs + [summary]
         write_jsonl(args.out, recs + [summary])
         print(f"{bench} {setting}: user {times['user_s']:.1f} s, system "
