@@ -1,11 +1,13 @@
 """XLA:CPU's own defaults vs the package's setting, same machine, same run.
 
 fedjax_pfl turns XLA's YNN library fusions off on the CPU at import
-(``--xla_cpu_experimental_ynn_fusion_type=``, fedjax_pfl/_xla_cpu.py).
+(``--xla_cpu_experimental_ynn_fusion_type=``, fedjax_pfl/_xla_cpu.py) and sets
+glibc's malloc to keep large buffers mapped (fedjax_pfl/_cpu_malloc.py).
 This script runs the same workloads twice in fresh processes, once with
-``FEDJAX_PFL_XLA_CPU_DEFAULTS=0`` (XLA's defaults) and once without (the
-package's setting), and records both with the children's CPU time split into
-user and kernel (system) time:
+``FEDJAX_PFL_XLA_CPU_DEFAULTS=0 FEDJAX_PFL_MALLOC=0`` (XLA's and glibc's
+defaults) and once without (the package's setting), and records both with the
+children's CPU time split into user and kernel (system) time and their minor
+page faults:
 
 * ``benchmarks/privacy.py``: one local step of 10 clients, plain and DP
   (ghost clipping), with the CIFAR-10 FedAvgCNN, the MNIST FedAvgCNN and the
@@ -24,11 +26,16 @@ that one), to find which of YNN's fusions costs and which pays. ``--cycles K``
 runs the whole comparison K times, the settings interleaved, and the report
 gives each workload's median and range over the cycles (on a shared 2-vCPU
 machine one setting's time moved by a quarter between two runs).
+``--env NAME=VAR=VALUE[,VAR=VALUE]`` adds the package's setting with more
+environment variables (``no_malloc=FEDJAX_PFL_MALLOC=0``: glibc's malloc
+defaults, XLA's flag still the package's).
 
     python benchmarks/xla_cpu_flags.py --out docs/results/xla_cpu_flags_cpu.jsonl
     FEDJAX_PFL_DATA_DIR=... python benchmarks/xla_cpu_flags.py --benchmarks fedfdp \
         --out docs/results/xla_cpu_flags_cpu.jsonl
     python benchmarks/xla_cpu_flags.py --ynn no_conv=-individual_convolution \
+        --out docs/results/xla_cpu_flags_cpu.jsonl
+    python benchmarks/xla_cpu_flags.py --env no_malloc=FEDJAX_PFL_MALLOC=0 \
         --out docs/results/xla_cpu_flags_cpu.jsonl
     python benchmarks/xla_cpu_flags.py --report docs/results/xla_cpu_flags_cpu.jsonl
 """
@@ -64,8 +71,9 @@ def _caller_xla_flags() -> str | None:
     return flags
 
 
-META = ("jax", "backend", "device_kind", "num_devices", "cpu_count", "machine",
-        "git_sha", "date", "xla_flags", "xla_cpu_setting")  # throughput._meta
+META = ("jax", "backend", "device_kind", "num_devices", "cpu_count", "machine",  # as in
+        "git_sha", "date", "xla_flags", "xla_cpu_setting",  # throughput._meta
+        "cpu_malloc_setting")
 
 
 def workloads(args) -> dict[str, list[list[str]]]:
@@ -100,24 +108,39 @@ def _fedfdp_round(recs, args) -> dict:
             / (long_["round"] - short["round"])}
 
 
-def _settings(ynn: list[str]) -> dict[str, tuple[str, str | None]]:
-    """Setting name -> (FEDJAX_PFL_XLA_CPU_DEFAULTS, YNN fusion value or None)."""
-    out = {"xla": ("0", None), "package": ("1", None)}
-    for item in ynn:
+def _settings(ynn: list[str], env: list[str]
+              ) -> dict[str, tuple[str, str | None, dict[str, str]]]:
+    """Setting name -> (FEDJAX_PFL_XLA_CPU_DEFAULTS, YNN fusion value or None,
+    more environment variables)."""
+    glibc = {"FEDJAX_PFL_MALLOC": "0"}  # XLA's and glibc's defaults alike
+    out = {"xla": ("0", None, glibc), "package": ("1", None, {})}
+
+    def name_value(opt, item):
         name, sep, value = item.partition("=")
         if not sep or not name or name in out:
-            raise SystemExit(f"--ynn: expected NAME=VALUE with a new name (not "
+            raise SystemExit(f"{opt}: expected NAME=VALUE with a new name (not "
                              f"{sorted(out)}), got {item!r}")
-        out[name] = ("0", value)
+        return name, value
+
+    for item in ynn:
+        name, value = name_value("--ynn", item)
+        out[name] = ("0", value, glibc)
+    for item in env:
+        name, value = name_value("--env", item)
+        pairs = [v.partition("=") for v in value.split(",")]
+        if not all(k and sep for k, sep, _ in pairs):
+            raise SystemExit(f"--env: expected NAME=VAR=VALUE[,VAR=VALUE...], "
+                             f"got {item!r}")
+        out[name] = ("1", None, {k: v for k, _, v in pairs})
     return out
 
 
-def _run(commands: list[list[str]], setting: tuple[str, str | None]
+def _run(commands: list[list[str]], setting: tuple[str, str | None, dict[str, str]]
          ) -> tuple[list[dict], dict]:
     """Runs one benchmark's commands, each in a fresh process; their records and
     CPU times."""
-    defaults, ynn = setting
-    env = dict(os.environ, FEDJAX_PFL_XLA_CPU_DEFAULTS=defaults)
+    defaults, ynn, more = setting
+    env = dict(os.environ, FEDJAX_PFL_XLA_CPU_DEFAULTS=defaults, **more)
     env.pop("XLA_FLAGS", None)
     flags = [f for f in [_caller_xla_flags(), ynn is not None and FLAG + ynn] if f]
     if flags:
@@ -239,6 +262,10 @@ def main(argv=None):
     p.add_argument("--ynn", nargs="+", default=[], metavar="NAME=VALUE",
                    help="more settings: XLA's defaults with "
                    f"{FLAG}VALUE (e.g. no_conv=-individual_convolution)")
+    p.add_argument("--env", nargs="+", default=[], metavar="NAME=VAR=VALUE[,VAR=VALUE]",
+                   help="more settings: the package's with these environment "
+                   "variables (e.g. no_malloc=FEDJAX_PFL_MALLOC=0: glibc's "
+                   "malloc defaults)")
     p.add_argument("--fedfdp-extra", default="",
                    help="more fedfdp_tables.py arguments (smoke runs: "
                    "'--clients 3 --max-examples 600 --model mlp')")
@@ -247,7 +274,7 @@ def main(argv=None):
         return []
     if args.cycles < 1:
         p.error(f"--cycles must be a positive integer, got {args.cycles}")
-    settings = _settings(args.ynn)
+    settings = _settings(args.ynn, args.env)
     run = datetime.datetime.now().isoformat(timespec="seconds")  # see runs()
     records, work = [], workloads(args)
     for cycle, bench, (setting, how) in itertools.product(

@@ -1,6 +1,7 @@
 """fedjax_pfl: a JAX-vectorized simulator for personalized federated learning."""
 
 from . import _xla_cpu  # XLA:CPU's flags, before any JAX backend starts
+from . import _cpu_malloc  # glibc's malloc parameters, likewise
 from . import aggregators as aggregators
 from . import algorithms as algorithms
 from . import attacks as attacks
@@ -23,5 +24,8 @@ from .core import sweep as sweep
 # what the package did with XLA:CPU's flags at import (fedjax_pfl/_xla_cpu.py,
 # docs/engine.md): "applied", "disabled", "user", "jaxlib" or "initialized"
 xla_cpu_setting: str = _xla_cpu.STATUS
+# and with glibc's malloc (fedjax_pfl/_cpu_malloc.py): "applied", "disabled",
+# "user", "libc", "gpu", "initialized" or "failed"
+cpu_malloc_setting: str = _cpu_malloc.STATUS
 
 __version__ = "0.1.0"
