@@ -45,10 +45,9 @@ def _glibc():
     """The process's C library if it is glibc, else None."""
     try:
         libc = ctypes.CDLL(None)
-        libc.gnu_get_libc_version  # glibc only
-        return libc
-    except (OSError, AttributeError):
+    except OSError:
         return None
+    return libc if hasattr(libc, "gnu_get_libc_version") else None  # glibc only
 
 
 def _gpu_plugin() -> bool:
