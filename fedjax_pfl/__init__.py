@@ -1,7 +1,9 @@
 """fedjax_pfl: a JAX-vectorized simulator for personalized federated learning."""
 
-from . import _cpu_malloc  # glibc's malloc parameters, before any JAX backend starts
-from . import _xla_cpu  # XLA:CPU's flags, likewise
+from . import (
+    _cpu_malloc,  # glibc's malloc parameters, before any JAX backend starts
+    _xla_cpu,  # XLA:CPU's flags, likewise
+)
 from . import aggregators as aggregators
 from . import algorithms as algorithms
 from . import attacks as attacks
