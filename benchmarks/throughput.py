@@ -152,11 +152,9 @@ def _meta():
             "cpu_count": os.cpu_count(), "machine": platform.machine(),
             "git_sha": sha, "date": datetime.datetime.now().isoformat(timespec="seconds"),
             # the XLA flags the process runs with (fedjax_pfl adds one on the CPU
-            # at import: fedjax_pfl/_xla_cpu.py) and what the package did, with
-            # them and with glibc's malloc (fedjax_pfl/_cpu_malloc.py)
+            # at import: fedjax_pfl/_xla_cpu.py) and what the package did
             "xla_flags": os.environ.get("XLA_FLAGS", ""),
-            "xla_cpu_setting": fedjax_pfl.xla_cpu_setting,
-            "cpu_malloc_setting": fedjax_pfl.cpu_malloc_setting}
+            "xla_cpu_setting": fedjax_pfl.xla_cpu_setting}
 
 
 def cpu_model() -> str:

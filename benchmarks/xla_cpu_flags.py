@@ -1,13 +1,11 @@
 """XLA:CPU's own defaults vs the package's setting, same machine, same run.
 
 fedjax_pfl turns XLA's YNN library fusions off on the CPU at import
-(``--xla_cpu_experimental_ynn_fusion_type=``, fedjax_pfl/_xla_cpu.py) and sets
-glibc's malloc to keep large buffers mapped (fedjax_pfl/_cpu_malloc.py).
+(``--xla_cpu_experimental_ynn_fusion_type=``, fedjax_pfl/_xla_cpu.py).
 This script runs the same workloads twice in fresh processes, once with
-``FEDJAX_PFL_XLA_CPU_DEFAULTS=0 FEDJAX_PFL_MALLOC=0`` (XLA's and glibc's
-defaults) and once without (the package's setting), and records both with the
-children's CPU time split into user and kernel (system) time and their minor
-page faults:
+``FEDJAX_PFL_XLA_CPU_DEFAULTS=0`` (XLA's defaults) and once without (the
+package's setting), and records both with the children's CPU time split into
+user and kernel (system) time and their minor page faults:
 
 * ``benchmarks/privacy.py``: one local step of 10 clients, plain and DP
   (ghost clipping), with the CIFAR-10 FedAvgCNN, the MNIST FedAvgCNN and the
@@ -27,15 +25,16 @@ runs the whole comparison K times, the settings interleaved, and the report
 gives each workload's median and range over the cycles (on a shared 2-vCPU
 machine one setting's time moved by a quarter between two runs).
 ``--env NAME=VAR=VALUE[,VAR=VALUE]`` adds the package's setting with more
-environment variables (``no_malloc=FEDJAX_PFL_MALLOC=0``: glibc's malloc
-defaults, XLA's flag still the package's).
+environment variables, e.g. glibc's malloc parameters
+(``malloc=MALLOC_ARENA_MAX=1,MALLOC_MMAP_MAX_=0,MALLOC_TRIM_THRESHOLD_=1073741824``:
+one arena, large blocks kept mapped; measured slower, docs/results/throughput.md).
 
     python benchmarks/xla_cpu_flags.py --out docs/results/xla_cpu_flags_cpu.jsonl
     FEDJAX_PFL_DATA_DIR=... python benchmarks/xla_cpu_flags.py --benchmarks fedfdp \
         --out docs/results/xla_cpu_flags_cpu.jsonl
     python benchmarks/xla_cpu_flags.py --ynn no_conv=-individual_convolution \
         --out docs/results/xla_cpu_flags_cpu.jsonl
-    python benchmarks/xla_cpu_flags.py --env no_malloc=FEDJAX_PFL_MALLOC=0 \
+    python benchmarks/xla_cpu_flags.py --env malloc=MALLOC_ARENA_MAX=1,MALLOC_MMAP_MAX_=0 \
         --out docs/results/xla_cpu_flags_cpu.jsonl
     python benchmarks/xla_cpu_flags.py --report docs/results/xla_cpu_flags_cpu.jsonl
 """
@@ -71,9 +70,8 @@ def _caller_xla_flags() -> str | None:
     return flags
 
 
-META = ("jax", "backend", "device_kind", "num_devices", "cpu_count", "machine",  # as in
-        "git_sha", "date", "xla_flags", "xla_cpu_setting",  # throughput._meta
-        "cpu_malloc_setting")
+META = ("jax", "backend", "device_kind", "num_devices", "cpu_count", "machine",
+        "git_sha", "date", "xla_flags", "xla_cpu_setting")  # throughput._meta
 
 
 def workloads(args) -> dict[str, list[list[str]]]:
@@ -112,8 +110,7 @@ def _settings(ynn: list[str], env: list[str]
               ) -> dict[str, tuple[str, str | None, dict[str, str]]]:
     """Setting name -> (FEDJAX_PFL_XLA_CPU_DEFAULTS, YNN fusion value or None,
     more environment variables)."""
-    glibc = {"FEDJAX_PFL_MALLOC": "0"}  # XLA's and glibc's defaults alike
-    out = {"xla": ("0", None, glibc), "package": ("1", None, {})}
+    out = {"xla": ("0", None, {}), "package": ("1", None, {})}
 
     def name_value(opt, item):
         name, sep, value = item.partition("=")
@@ -124,7 +121,7 @@ def _settings(ynn: list[str], env: list[str]
 
     for item in ynn:
         name, value = name_value("--ynn", item)
-        out[name] = ("0", value, glibc)
+        out[name] = ("0", value, {})
     for item in env:
         name, value = name_value("--env", item)
         pairs = [v.partition("=") for v in value.split(",")]
@@ -140,7 +137,7 @@ def _run(commands: list[list[str]], setting: tuple[str, str | None, dict[str, st
     """Runs one benchmark's commands, each in a fresh process; their records and
     CPU times."""
     defaults, ynn, more = setting
-    env = dict(os.environ, FEDJAX_PFL_XLA_CPU_DEFAULTS=defaults, **more)
+    env = {**os.environ, "FEDJAX_PFL_XLA_CPU_DEFAULTS": defaults, **more}
     env.pop("XLA_FLAGS", None)
     flags = [f for f in [_caller_xla_flags(), ynn is not None and FLAG + ynn] if f]
     if flags:
@@ -264,8 +261,7 @@ def main(argv=None):
                    f"{FLAG}VALUE (e.g. no_conv=-individual_convolution)")
     p.add_argument("--env", nargs="+", default=[], metavar="NAME=VAR=VALUE[,VAR=VALUE]",
                    help="more settings: the package's with these environment "
-                   "variables (e.g. no_malloc=FEDJAX_PFL_MALLOC=0: glibc's "
-                   "malloc defaults)")
+                   "variables (e.g. malloc=MALLOC_ARENA_MAX=1,MALLOC_MMAP_MAX_=0)")
     p.add_argument("--fedfdp-extra", default="",
                    help="more fedfdp_tables.py arguments (smoke runs: "
                    "'--clients 3 --max-examples 600 --model mlp')")
@@ -286,7 +282,7 @@ def main(argv=None):
         tag = {"bench": bench, "setting": setting, "run": run, "cycle": cycle}
         recs = [{**r, **tag} for r in recs]
         summary = {**{k: recs[0][k] for k in META}, **tag, "command": commands,
-                   **times}
+                   "env": how[2], **times}  # env: the setting's own variables
         records += recs + [summary]
         write_jsonl(args.out, recs + [summary])
         print(f"{bench} {setting}: user {times['user_s']:.1f} s, system "

@@ -1,9 +1,6 @@
 """fedjax_pfl: a JAX-vectorized simulator for personalized federated learning."""
 
-from . import (
-    _cpu_malloc,  # glibc's malloc parameters, before any JAX backend starts
-    _xla_cpu,  # XLA:CPU's flags, likewise
-)
+from . import _xla_cpu  # XLA:CPU's flags, before any JAX backend starts
 from . import aggregators as aggregators
 from . import algorithms as algorithms
 from . import attacks as attacks
@@ -26,8 +23,5 @@ from .core import sweep as sweep
 # what the package did with XLA:CPU's flags at import (fedjax_pfl/_xla_cpu.py,
 # docs/engine.md): "applied", "disabled", "user", "jaxlib" or "initialized"
 xla_cpu_setting: str = _xla_cpu.STATUS
-# and with glibc's malloc (fedjax_pfl/_cpu_malloc.py): "applied", "disabled",
-# "user", "libc", "gpu", "initialized" or "failed"
-cpu_malloc_setting: str = _cpu_malloc.STATUS
 
 __version__ = "0.1.0"

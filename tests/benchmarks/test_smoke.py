@@ -630,17 +630,17 @@ def test_xla_cpu_flags_smoke(tmp_path):
         "--fedfdp-rounds", "1", "--fedfdp-extra",
         "--clients 3 --max-examples 600 --model mlp",
         "--ynn", "no_conv=-individual_convolution",
-        "--env", "no_malloc=FEDJAX_PFL_MALLOC=0", "--out", str(out)])
-    flags = {r["setting"]: (r["xla_flags"], r["xla_cpu_setting"],
-                            r["cpu_malloc_setting"]) for r in recs}
-    assert flags["xla"][1:] == ("disabled", "disabled")
-    assert "ynn" not in flags["xla"][0]
+        "--env", "off=FEDJAX_PFL_XLA_CPU_DEFAULTS=0,MALLOC_ARENA_MAX=1",
+        "--out", str(out)])
+    flags = {r["setting"]: (r["xla_flags"], r["xla_cpu_setting"]) for r in recs}
+    assert flags["xla"][1] == "disabled" and "ynn" not in flags["xla"][0]
     assert flags["package"][1] in ("applied", "jaxlib")
-    assert flags["package"][2] in ("applied", "libc", "gpu")
     assert flags["no_conv"][0].endswith(  # after the caller's (conftest's) flags
         "--xla_cpu_experimental_ynn_fusion_type=-individual_convolution")
-    assert flags["no_conv"][1:] == ("disabled", "disabled")
-    assert flags["no_malloc"][1:] == (flags["package"][1], "disabled")
+    assert flags["no_conv"][1] == "disabled"
+    assert flags["off"][1] == "disabled"  # --env's variables reach the children
+    assert {r["setting"]: r["env"] for r in recs if "user_s" in r}["off"] == {
+        "FEDJAX_PFL_XLA_CPU_DEFAULTS": "0", "MALLOC_ARENA_MAX": "1"}
     [fed] = [r for r in recs if r["bench"] == "fedfdp" and r["setting"] == "package"
              and "round_s" in r]  # the per-round time; the other: CPU times
     assert fed["rounds"][1] > fed["rounds"][0] and math.isfinite(fed["round_s"])
@@ -649,8 +649,7 @@ def test_xla_cpu_flags_smoke(tmp_path):
     assert table.startswith("Run 1: git ") and "Run 2" not in table
     assert "| fedfdp | mlp_mnist | 3 | dp_fedavg:unroll |" in table
     assert table.count("| tiny_mlp |") == 2  # plain and ghost, all settings
-    assert ("| package s (speedup) | no_conv s (speedup) | no_malloc s (speedup) |"
-            in table)
+    assert "| package s (speedup) | no_conv s (speedup) | off s (speedup) |" in table
     with pytest.raises(SystemExit, match="--ynn: expected NAME=VALUE"):
         mod.main(["--ynn", "package=", "--out", str(out)])
     with pytest.raises(SystemExit, match="--env: expected NAME=VAR=VALUE"):
