@@ -653,7 +653,7 @@ def test_xla_cpu_flags_smoke(tmp_path):
     with pytest.raises(SystemExit, match="--ynn: expected NAME=VALUE"):
         mod.main(["--ynn", "package=", "--out", str(out)])
     with pytest.raises(SystemExit, match="--env: expected NAME=VAR=VALUE"):
-        mod.main(["--env", "m=FEDJAX_PFL_MALLOC", "--out", str(out)])
+        mod.main(["--env", "m=MALLOC_ARENA_MAX", "--out", str(out)])
 
 
 def test_conv_loop_smoke(tmp_path):
