@@ -637,6 +637,8 @@ def report(path) -> str:
                   "detected at | paper central | paper local | paper beta |"),
                  "|---|" * 1 + "---|" * 9]
         for method, rs in methods.items():
+            # a seed run twice in one setting counts once: its latest record
+            rs = list({r.get("seed"): r for r in rs}.values())
             pc, pl, pb = paper.get(method, (None, None, None))
             central = "-" if method == "fb" else _cell(rs, "central")
             dets = sorted({r["detect_round"] for r in rs})

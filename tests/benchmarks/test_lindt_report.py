@@ -228,3 +228,15 @@ def test_lindt_nfl_fb_layers_is_checked_before_training(monkeypatch):
     with pytest.raises(SystemExit):
         ln.main(["--data", "synthetic", "--hidden", "8", "--fb-layers", "3",
                  "--rounds", "1"])
+
+
+def test_report_counts_a_seed_run_twice_once(tmp_path):
+    """A seed recorded twice in one setting (a rerun) is one seed: its latest
+    record, not a second sample of the mean and std."""
+    path = tmp_path / "r.jsonl"
+    recs = [_rec(0, "fedavg", -3.0), _rec(1, "fedavg", 1.0),
+            _rec(1, "fedavg", 5.0)]  # seed 1 again
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    row = ln.report(str(path)).splitlines()[2]
+    assert row.startswith("| FedAvg (2 seeds) | 40.50 +- 0.71 | 46.00 +- 5.66 | "
+                          "+1.00 +- 5.66 |")
