@@ -599,7 +599,8 @@ def _apfl_text(rec) -> str:
 
 def report(path) -> str:
     """One table per setting (first-appearance order); a method run with
-    several seeds shows mean +- std over them and its seed count."""
+    several seeds shows mean +- std over them and its seed count (a seed
+    recorded twice counts once, with its latest record)."""
     recs = read_jsonl(path)
     groups: dict = {}
     for r in recs:
