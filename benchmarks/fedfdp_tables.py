@@ -315,7 +315,9 @@ def _chosen_on_val(last) -> list[str]:
 # options that do not change a run's rounds (they may grow on --resume) or its
 # place in the output: everything else names its checkpoint folder
 _NOT_IN_TAG = ("datasets", "methods", "rounds", "target_epsilon", "eval_every",
-               "checkpoint_dir", "checkpoint_every", "resume", "out", "report")
+               "checkpoint_dir", "checkpoint_every", "resume", "out", "report",
+               # the same numbers up to float rounding: a run may resume either way
+               "batch_ladder")
 
 
 def run_tag(args) -> str:
@@ -371,6 +373,11 @@ def main(argv=None):
                    choices=["auto", "unroll", "map", "vmap"],
                    help="client-parallel strategy (auto: the backend's default; the "
                         "rows in docs/results/privacy.md ran with unroll)")
+    p.add_argument("--batch-ladder", default="auto", choices=["auto", "on", "off"],
+                   help="private steps on the smallest of a few static batch sizes "
+                        "that holds the Poisson batch (EngineConfig(batch_ladder=); "
+                        "auto: on for unroll and map, the records before "
+                        "2026-11-29 ran without)")
     p.add_argument("--normalize", default="expected", choices=["expected", "realized"],
                    help="DP-SGD normaliser: q n_k (accounted) or the realised batch "
                         "size (the paper's eq. 12; not accounted, no epsilon; the "
@@ -427,7 +434,9 @@ def main(argv=None):
                            eval_every=min(args.eval_every, rounds[m]),
                            key=jax.random.key(args.seed), splits=splits,
                            progress=True, privacy=mon, engine=EngineConfig(
-                               None if args.strategy == "auto" else args.strategy),
+                               None if args.strategy == "auto" else args.strategy,
+                               batch_ladder={"auto": None, "on": True, "off": False}[
+                                   args.batch_ladder]),
                            checkpoint_dir=ckdir, checkpoint_every=args.checkpoint_every,
                            resume=args.resume)
             last = res.history[-1]
@@ -447,7 +456,7 @@ def main(argv=None):
                    "epsilon": last.get("privacy/epsilon"), "q": args.q,
                    "clip": args.clip, "sigma": args.sigma, "lam": args.lam,
                    "normalize": args.normalize, "resumed": args.resume,
-                   "strategy": args.strategy,
+                   "strategy": args.strategy, "batch_ladder": args.batch_ladder,
                    "model": args.model,  # FedFDP's own options only on its rows
                    **({"loss_clip_floor": args.loss_clip_floor,
                        "fair_clip": args.fair_clip} if m == "fedfdp" else {}),

@@ -12,6 +12,7 @@ the number of clients, fails before the first evaluation or file is written).
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import signal
@@ -31,7 +32,7 @@ from fedjax_pfl.validation import check_choice, check_file, check_int, is_concre
 from . import _checkpoint
 from ._eval import check_eval_args, evaluate
 from ._keys import KeyTag
-from ._round import EngineConfig, check_engine, execution
+from ._round import EngineConfig, check_engine, current_engine, execution
 from ._types import Algorithm, AlgorithmState
 
 
@@ -767,6 +768,12 @@ def sweep(
     program = jax.jit(jax.vmap(run, in_axes=(0 if values else None,
                                              None if keys is None else 0, None)))
     k = key if keys is None else keys
+    engine = engine or current_engine()
+    if engine.batch_ladder is None:
+        # runs that draw different Poisson batches (one key per run, a swept
+        # sampling rate) would vmap a batch ladder's switch into every rung
+        engine = copy.copy(engine)
+        engine.batch_ladder = False
     with execution(engine):
         program.trace(values, k, data)  # every check fires here, before computing
         check_labels(data, classes)

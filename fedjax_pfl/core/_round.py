@@ -76,6 +76,17 @@ class EngineConfig:
         otherwise). Numbers agree either way up to float rounding; unrolling
         costs compile time. A :class:`LocalConfig` with its own ``unroll``
         keeps it.
+      batch_ladder: Poisson batches (DP-SGD, :mod:`fedjax_pfl.privacy`) have a
+        static cap sized for the largest client, mostly padding for the
+        others. With the ladder each private step computes on the smallest of
+        a few static sizes that holds its sampled rows (the cap, then down by
+        factors of sqrt 2: :func:`fedjax_pfl.privacy.batch_ladder`), picked by
+        ``lax.switch``. Same numbers up to float rounding (the rows left out
+        are padding); one gradient program per rung (compile time). It pays
+        when clients run one at a time; under ``vmap`` every rung would run,
+        so ``None`` (default) turns it on for ``'unroll'`` and for ``'map'``
+        with one client a step, off otherwise and in ``sweep`` (whose runs may
+        draw different batches; ``True`` forces it there).
 
     An algorithm reads its engine when its round is traced (``simulate``,
     ``sweep`` and ``evaluate_state`` take ``engine=``; elsewhere, trace under
@@ -84,7 +95,8 @@ class EngineConfig:
 
     def __init__(self, strategy: str | None = None, map_batch_size: int | None = None,
                  mesh: jax.sharding.Mesh | None = None, buckets: int | None = None,
-                 deterministic: bool = False, unroll: int | bool | None = None):
+                 deterministic: bool = False, unroll: int | bool | None = None,
+                 batch_ladder: bool | None = None):
         from ._clients import STRATEGIES, default_strategy
 
         if strategy is None:
@@ -111,6 +123,10 @@ class EngineConfig:
             raise ValueError(f"deterministic: must be True or False, got "
                              f"{deterministic!r}")
         check_unroll(unroll)
+        if batch_ladder is not None and not isinstance(batch_ladder, bool):
+            raise ValueError(f"batch_ladder: must be True, False or None, got "
+                             f"{batch_ladder!r}")
+        self.batch_ladder = batch_ladder
         self.strategy, self.map_batch_size, self.mesh = strategy, map_batch_size, mesh
         self.buckets, self.deterministic = buckets, deterministic
         self.unroll = None if unroll is None else (
@@ -120,7 +136,17 @@ class EngineConfig:
         return (f"EngineConfig(strategy={self.strategy!r}, "
                 f"map_batch_size={self.map_batch_size}, mesh={self.mesh}, "
                 f"buckets={self.buckets}, deterministic={self.deterministic}, "
-                f"unroll={self.unroll})")
+                f"unroll={self.unroll}, batch_ladder={self.batch_ladder})")
+
+    @property
+    def uses_batch_ladder(self) -> bool:
+        """Whether private steps run on :attr:`batch_ladder`'s rungs: as set,
+        else when clients run one at a time (``'unroll'``, ``'map'`` with one
+        client a step)."""
+        if self.batch_ladder is not None:
+            return self.batch_ladder
+        return self.strategy == "unroll" or (
+            self.strategy == "map" and (self.map_batch_size or 1) == 1)
 
     @property
     def shards_loop(self) -> bool:

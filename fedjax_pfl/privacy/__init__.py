@@ -35,6 +35,7 @@ from ._local import dp_denominator as dp_denominator
 from ._local import dp_gradient as dp_gradient
 from ._local import dp_local_train as dp_local_train
 from ._local import make_dp_config as make_dp_config
+from ._local import on_sampled_rows as on_sampled_rows
 from ._mechanism import LEVELS as LEVELS
 from ._mechanism import Mechanism as Mechanism
 from ._mechanism import client_level_mechanism as client_level_mechanism
@@ -44,6 +45,9 @@ from ._noise import gaussian_noise as gaussian_noise
 from ._noise import noise_std as noise_std
 from ._noise import private_grad as private_grad
 from ._noise import release_loss as release_loss
+from ._sampling import LADDER_MAX_RUNGS as LADDER_MAX_RUNGS
+from ._sampling import LADDER_MIN_ROWS as LADDER_MIN_ROWS
+from ._sampling import batch_ladder as batch_ladder
 from ._sampling import default_max_batch_size as default_max_batch_size
 from ._sampling import poisson_batch_indices as poisson_batch_indices
 from ._sampling import truncation_probability as truncation_probability

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_pfl.core import KeyTag, mean_over_steps, run_steps
+from fedjax_pfl.core import KeyTag, current_engine, mean_over_steps, run_steps
 from fedjax_pfl.data import SAMPLING_MODES, client_batch_indices, gather_batch
 from fedjax_pfl.models import Model, Params
 from fedjax_pfl.validation import (
@@ -24,7 +24,7 @@ from fedjax_pfl.validation import (
 
 from ._clip import FAIR_CLIP_MODES, METHODS
 from ._noise import private_grad, release_loss
-from ._sampling import default_max_batch_size, poisson_batch_indices
+from ._sampling import batch_ladder, default_max_batch_size, poisson_batch_indices
 
 NORMALIZERS = ("expected", "realized")
 DP_SAMPLING = ("poisson", *SAMPLING_MODES)
@@ -119,6 +119,25 @@ def dp_denominator(dp: DPConfig, mask, count, batch_size) -> jax.Array:
     return jnp.float32(dp.normalize)
 
 
+def on_sampled_rows(fn: Callable, rows: jax.Array, mask: jax.Array, dp: DPConfig):
+    """``fn(rows, mask)`` of one step's padded batch, on fewer rows when it can:
+    for a Poisson batch (its sampled rows come first, :func:`poisson_batch_indices`)
+    under an engine with :attr:`~fedjax_pfl.core.EngineConfig.uses_batch_ladder`,
+    ``fn(rows[:c], mask[:c])`` for the smallest rung ``c`` of
+    :func:`batch_ladder` that holds the sampled rows (``lax.switch``). ``fn``'s
+    outputs must not depend on the number of rows (sums, scalars, gradients);
+    they equal the whole batch's up to float rounding (the rows left out are
+    padding)."""
+    cap = rows.shape[0]
+    rungs = (batch_ladder(cap) if dp.sampling_rate is not None
+             and current_engine().uses_batch_ladder else (cap,))
+    if len(rungs) == 1:
+        return fn(rows, mask)
+    k = jnp.searchsorted(jnp.asarray(rungs, jnp.float32), jnp.sum(mask))
+    return jax.lax.switch(jnp.minimum(k, len(rungs) - 1),
+                          [lambda c=c: fn(rows[:c], mask[:c]) for c in rungs])
+
+
 def _private_step(model, split, client, key, dp: DPConfig, batch_size, weight_fn,
                   ghost: list):
     """``(params, step, rows, mask) -> (private gradient, (loss, |B|, clipped))``
@@ -129,6 +148,9 @@ def _private_step(model, split, client, key, dp: DPConfig, batch_size, weight_fn
     count = split.counts[client]
 
     def grad(p, i, r, m):
+        return on_sampled_rows(lambda rr, mm: one(p, i, rr, mm), r, m, dp)
+
+    def one(p, i, r, m):
         b = gather_batch(split, r, m)
         den = dp_denominator(dp, b.mask, count, batch_size)
         g, info = private_grad(
@@ -291,8 +313,13 @@ def dp_client_loss(
     """
     rows, mask, _ = dp_batches(split, client, key, num_steps=1, batch_size=batch_size,
                                sampling=sampling, dp=dp)
-    b = gather_batch(split, rows[0], mask[0])
-    per = model.loss(model.apply(params, b.x), b.y)
-    return release_loss(per, b.mask, loss_clip, loss_noise_multiplier,
-                        jax.random.fold_in(key, KeyTag.FEDFDP_LOSS_NOISE),
-                        dp_denominator(dp, b.mask, split.counts[client], batch_size))
+
+    def release(r, m):
+        b = gather_batch(split, r, m)
+        per = model.loss(model.apply(params, b.x), b.y)
+        return release_loss(per, b.mask, loss_clip, loss_noise_multiplier,
+                            jax.random.fold_in(key, KeyTag.FEDFDP_LOSS_NOISE),
+                            dp_denominator(dp, b.mask, split.counts[client],
+                                           batch_size))
+
+    return on_sampled_rows(release, rows[0], mask[0], dp)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 
-from fedjax_pfl.validation import check_count, check_probability
+from fedjax_pfl.validation import check_count, check_int, check_probability
 
 TRUNCATION_TARGET = 1e-12
+LADDER_MIN_ROWS = 32  # no rung of a batch ladder is smaller
+LADDER_MAX_RUNGS = 8  # one gradient program each
 
 
 def default_max_batch_size(q: float, n: int) -> int:
@@ -26,6 +30,24 @@ def default_max_batch_size(q: float, n: int) -> int:
     while binom.sf(c, n + 1, q) > TRUNCATION_TARGET and c <= n:
         c += 1
     return max(1, min(n + 1, c))
+
+
+def batch_ladder(max_batch_size: int) -> tuple[int, ...]:
+    """The static batch sizes ("rungs") a Poisson batch of cap
+    ``max_batch_size`` can be computed at, ascending: ``ceil(cap / sqrt(2)^j)``
+    for ``j = 0, 1, ...``, at most :data:`LADDER_MAX_RUNGS` of them, none below
+    :data:`LADDER_MIN_ROWS` (``(cap,)``, no ladder, for a cap below twice
+    that). See ``EngineConfig(batch_ladder=...)``."""
+    cap = check_int("max_batch_size", max_batch_size, lo=1)
+    if cap < 2 * LADDER_MIN_ROWS:
+        return (cap,)
+    rungs = [cap]
+    while len(rungs) < LADDER_MAX_RUNGS:
+        c = math.ceil(cap / 2 ** (len(rungs) / 2))
+        if c < LADDER_MIN_ROWS:
+            break
+        rungs.append(c)
+    return tuple(reversed(rungs))
 
 
 def truncation_probability(q: float, n: int, max_batch_size: int) -> float:

@@ -611,11 +611,25 @@ def test_fedfdp_tables_smoke(tmp_path):
         "--clients", "3", "--max-examples", "600", "--rounds", "2", "--eval-every", "1",
         "--methods", "fedavg", "--val-fraction", "0.2", "--out", str(out)])
     assert val["val_fraction"] == 0.2 and 0 <= val["global/val/accuracy/mean"] <= 1
-    assert val["strategy"] == "auto"
+    assert val["strategy"] == "auto" and val["batch_ladder"] == "auto"
     # every evaluation's (round, test accuracy, Psi), the last one the record's
     assert [c[0] for c in val["curve"]] == [0, 1, 2]  # round 0: the initial model
     assert val["curve"][-1][1:] == [val["global/test/accuracy/mean"],
                                     val["global/test/loss/psi"]]
+
+
+def test_batch_ladder_smoke(tmp_path):
+    if not os.environ.get("FEDJAX_PFL_DATA_DIR"):
+        pytest.skip("FEDJAX_PFL_DATA_DIR is not set")
+    out = tmp_path / "b.jsonl"
+    recs = _load("batch_ladder").main([
+        "--model", "mlp", "--max-examples", "8000", "--methods", "dp_fedavg",
+        "--repeats", "1", "--out", str(out)])
+    on, off = (next(r for r in recs if r["batch_ladder"] is b) for b in (True, False))
+    assert off["rows_per_round"] == 10 * off["cap"] > on["rows_per_round"]
+    assert on["sampled_rows"] < on["rows_per_round"]
+    assert on["max_abs_diff"] < 1e-5 and on["round_s"] > 0
+    assert "| mnist | dp_fedavg | unroll | on |" in _load("batch_ladder").report(str(out))
 
 
 def test_xla_cpu_flags_smoke(tmp_path):
