@@ -81,7 +81,7 @@ def test_engine_default():
         EngineConfig(batch_ladder="yes")
 
 
-def _fedfdp(lam=0.5, num_local_steps=3):
+def _fedfdp(lam=0.5, num_local_steps=2):
     return algorithms.fedfdp(MODEL, lam=lam, clip=0.5, sampling_rate=0.1,
                              client_lr=0.2, num_local_steps=num_local_steps,
                              cohort_size=4, cohort="full")
