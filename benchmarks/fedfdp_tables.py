@@ -374,10 +374,10 @@ def main(argv=None):
                    help="client-parallel strategy (auto: the backend's default; the "
                         "rows in docs/results/privacy.md ran with unroll)")
     p.add_argument("--batch-ladder", default="auto", choices=["auto", "on", "off"],
-                   help="private steps on the smallest of a few static batch sizes "
-                        "that holds the Poisson batch (EngineConfig(batch_ladder=); "
-                        "auto: on for unroll and map, the records before "
-                        "2026-11-29 ran without)")
+                   help="steps on the smallest of a few static batch sizes that "
+                        "holds the Poisson batch (EngineConfig(batch_ladder=); auto: "
+                        "on for unroll and map with one client a step; the records "
+                        "before 2026-11-29 16:50 UTC ran without)")
     p.add_argument("--normalize", default="expected", choices=["expected", "realized"],
                    help="DP-SGD normaliser: q n_k (accounted) or the realised batch "
                         "size (the paper's eq. 12; not accounted, no epsilon; the "
