@@ -119,6 +119,7 @@ def main(argv=None):
         model = MODELS[args.model](tuple(np.asarray(fed.train.x).shape[1:]))
         counts = np.asarray(fed.train.counts).tolist()
         cap = privacy.default_max_batch_size(args.q, max(counts))
+        rows = {on: expected_rows(counts, args.q, cap, on) for on in (True, False)}
         for method in args.methods:
             alg = _presets.fedfdp_algorithm(
                 method, model, q=args.q, lam=0.1, clip=0.1, sigma=2.0, sigma_loss=5.0,
@@ -135,7 +136,7 @@ def main(argv=None):
                                                jax.tree.leaves(outs[False][0]),
                                                strict=True))
                     for on in (True, False):
-                        computed, sampled = expected_rows(counts, args.q, cap, on)
+                        computed, sampled = rows[on]
                         rec = {**_meta(), "dataset": ds, "method": method,
                                "strategy": strategy, "batch_ladder": on,
                                "model": args.model, "q": args.q, "cap": cap,
