@@ -75,14 +75,14 @@ def report(path: str) -> str:
     recs = [r for r in read_jsonl(path) if "round_s" in r]
     groups: dict = {}
     for r in recs:
-        groups.setdefault((r["dataset"], r["method"], r["strategy"], r["batch_ladder"]),
-                          []).append(r)
-    rows = [("| dataset | method | strategy | ladder | round s (median) | first call s "
-             "| rows computed / round | sampled | max abs diff |"),
-            "|---|---|---|---|---|---|---|---|---|"]
-    for (ds, m, s, on), rs in groups.items():
+        groups.setdefault((r["dataset"], r.get("model", "cnn"), r["method"], r["strategy"],
+                           r["batch_ladder"]), []).append(r)
+    rows = [("| dataset | model | method | strategy | ladder | round s (median) "
+             "| first call s | rows computed / round | sampled | max abs diff |"),
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    for (ds, model, m, s, on), rs in groups.items():
         rows.append(
-            f"| {ds} | {m} | {s} | {'on' if on else 'off'} | "
+            f"| {ds} | {model} | {m} | {s} | {'on' if on else 'off'} | "
             f"{statistics.median(r['round_s'] for r in rs):.3f} | "
             f"{rs[0]['first_s']:.1f} | "  # the first cycle's: compile included
             f"{rs[0]['rows_per_round']:,.0f} | {rs[0]['sampled_rows']:,.0f} | "

@@ -629,7 +629,7 @@ def test_batch_ladder_smoke(tmp_path):
     assert off["rows_per_round"] == 10 * off["cap"] > on["rows_per_round"]
     assert on["sampled_rows"] < on["rows_per_round"]
     assert on["max_abs_diff"] < 1e-5 and on["round_s"] > 0
-    assert "| mnist | dp_fedavg | unroll | on |" in _load("batch_ladder").report(str(out))
+    assert "| mnist | mlp | dp_fedavg | unroll | on |" in _load("batch_ladder").report(str(out))
 
 
 def test_xla_cpu_flags_smoke(tmp_path):
