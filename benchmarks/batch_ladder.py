@@ -75,7 +75,7 @@ def report(path: str) -> str:
     recs = [r for r in read_jsonl(path) if "round_s" in r]
     groups: dict = {}
     for r in recs:
-        groups.setdefault((r["dataset"], r.get("model", "cnn"), r["method"], r["strategy"],
+        groups.setdefault((r["dataset"], r["model"], r["method"], r["strategy"],
                            r["batch_ladder"]), []).append(r)
     rows = [("| dataset | model | method | strategy | ladder | round s (median) "
              "| first call s | rows computed / round | sampled | max abs diff |"),
