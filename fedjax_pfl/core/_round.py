@@ -88,7 +88,7 @@ class EngineConfig:
         with one client a step, off otherwise and in ``sweep`` (whose runs may
         draw different batches; ``True`` forces it there). Under ``'unroll'``
         the rungs compile once per client: for a small model (0.1 s rounds)
-        ``False`` is faster in runs under about 1,000 rounds.
+        ``False`` is faster in runs under about 1,000-2,000 rounds.
 
     An algorithm reads its engine when its round is traced (``simulate``,
     ``sweep`` and ``evaluate_state`` take ``engine=``; elsewhere, trace under
