@@ -135,17 +135,24 @@ def test_validation_split_comes_from_training_rows_only(monkeypatch):
         _presets.fedfdp_data("cifar10", 1, num_clients=4, val_fraction=1.0)
 
 
-def test_dp_fedprox_equals_dp_fedavg_with_one_local_step(data):
+@pytest.mark.parametrize("fedavg, fedprox", [("dp_fedavg", "dp_fedprox"),
+                                             ("fedavg", "fedprox")])
+def test_fedprox_equals_fedavg_with_one_local_step(fedavg, fedprox, data):
     """The tables run one local step a round, taken at the global model, where
-    FedProx's proximal gradient mu (w - w_global) is zero: DP-FedProx is then
-    DP-FedAvg exactly (docs/results/privacy.md, the DP baselines)."""
-    runs = {m: simulate(_alg(m, data), data, num_rounds=3, eval_every=3,
+    FedProx's proximal gradient mu (w - w_global) is zero: (DP-)FedProx is then
+    (DP-)FedAvg exactly (docs/results/privacy.md, the DP baselines), with and
+    without privacy; the mu of the check is large so that a proximal term
+    that did act would show."""
+    def alg(m):
+        kw = dict(SETTING, lr=0.1 if m in ("fedavg", "fedprox") else 1.0)
+        extra = {"baselines": {"mu": 10.0}} if m.endswith("fedprox") else {}
+        return _presets.fedfdp_algorithm(m, MODEL, num_clients=data.num_clients,
+                                         **kw, **extra)
+    runs = {m: simulate(alg(m), data, num_rounds=3, eval_every=3,
                         key=jax.random.key(0), progress=False).history[-1]
-            for m in ("dp_fedavg", "dp_fedprox")}
-    k = "global/test/accuracy/mean"
-    assert runs["dp_fedavg"][k] == runs["dp_fedprox"][k]
-    assert runs["dp_fedavg"]["global/test/loss/mean"] == \
-        runs["dp_fedprox"]["global/test/loss/mean"]
+            for m in (fedavg, fedprox)}
+    for k in ("global/test/accuracy/mean", "global/test/loss/mean"):
+        assert runs[fedavg][k] == runs[fedprox][k]
 
 
 def test_baselines_override_their_own_hyperparameter(data):
