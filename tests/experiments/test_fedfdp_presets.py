@@ -22,9 +22,9 @@ def data():
                                    min_size=8, max_size=20, seed=4)
 
 
-def _alg(method, data):
+def _alg(method, data, **overrides):
     return _presets.fedfdp_algorithm(method, MODEL, num_clients=data.num_clients,
-                                     **SETTING)
+                                     **{**SETTING, **overrides})
 
 
 @pytest.mark.parametrize("method", _presets.FEDFDP_PRIVATE)
@@ -143,12 +143,10 @@ def test_fedprox_equals_fedavg_with_one_local_step(fedavg, fedprox, data):
     (DP-)FedAvg exactly (docs/results/privacy.md, the DP baselines), with and
     without privacy; the mu of the check is large so that a proximal term
     that did act would show."""
-    def alg(m):
-        kw = dict(SETTING, lr=0.1 if m in ("fedavg", "fedprox") else 1.0)
-        extra = {"baselines": {"mu": 10.0}} if m.endswith("fedprox") else {}
-        return _presets.fedfdp_algorithm(m, MODEL, num_clients=data.num_clients,
-                                         **kw, **extra)
-    runs = {m: simulate(alg(m), data, num_rounds=3, eval_every=3,
+    lr = 1.0 if fedavg.startswith("dp_") else 0.1
+    algs = {fedavg: _alg(fedavg, data, lr=lr),
+            fedprox: _alg(fedprox, data, lr=lr, baselines={"mu": 10.0})}
+    runs = {m: simulate(algs[m], data, num_rounds=3, eval_every=3,
                         key=jax.random.key(0), progress=False).history[-1]
             for m in (fedavg, fedprox)}
     for k in ("global/test/accuracy/mean", "global/test/loss/mean"):
