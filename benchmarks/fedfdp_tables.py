@@ -45,7 +45,7 @@ import jax
 import numpy as np
 import optax
 
-from fedjax_pfl import privacy
+from fedjax_pfl import algorithms, privacy
 from fedjax_pfl.core import EngineConfig, simulate
 from fedjax_pfl.experiments import _presets
 
@@ -62,8 +62,10 @@ from throughput import (  # noqa: E402
 
 # Table 1's rows (paper order), then Table 2's (the presets' FEDFDP_* tuples)
 METHODS = ("fedavg", "scaffold", "fedprox", "feddyn", "qffl", "fedfair",
-           "dp_fedavg", "dp_scaffold", "dp_fedprox", "dp_feddyn", "dp_qffl", "fedfdp")
-PRIVATE = ("dp_fedavg", "dp_scaffold", "dp_fedprox", "dp_feddyn", "dp_qffl", "fedfdp")
+           "dp_fedavg", "dp_scaffold", "dp_fedprox", "dp_feddyn", "ali_dpfl",
+           "dp_qffl", "fedfdp")
+PRIVATE = ("dp_fedavg", "dp_scaffold", "dp_fedprox", "dp_feddyn", "ali_dpfl",
+           "dp_qffl", "fedfdp")
 DELTA = _presets.FEDFDP_DELTA
 # Tables 1-2 of the paper, (accuracy %, Psi): mean over 5 seeds
 PAPER = {
@@ -77,6 +79,7 @@ PAPER = {
     ("mnist", "dp_scaffold"): ("93.95", "7.0e10"),
     ("mnist", "dp_fedprox"): ("90.50", "5.3e10"),
     ("mnist", "dp_feddyn"): ("91.42", "5.6e10"),
+    ("mnist", "ali_dpfl"): ("90.89", "3.3e10"),
     ("mnist", "dp_qffl"): ("93.74", "7.8e10"),
     ("mnist", "fedfdp"): ("95.13", "2.3e10"),
     ("fmnist", "fedavg"): ("87.05", "3.6e-1"),
@@ -89,6 +92,7 @@ PAPER = {
     ("fmnist", "dp_scaffold"): ("79.41", "3.3e9"),
     ("fmnist", "dp_fedprox"): ("83.85", "7.9e8"),
     ("fmnist", "dp_feddyn"): ("84.04", "8.8e8"),
+    ("fmnist", "ali_dpfl"): ("83.65", "6.6e8"),
     ("fmnist", "dp_qffl"): ("83.13", "4.2e9"),
     ("fmnist", "fedfdp"): ("85.99", "2.8e8"),
     ("cifar10", "fedavg"): ("62.03", "1.1e0"),
@@ -101,6 +105,7 @@ PAPER = {
     ("cifar10", "dp_scaffold"): ("53.85", "6.2e9"),
     ("cifar10", "dp_fedprox"): ("51.34", "4.4e9"),
     ("cifar10", "dp_feddyn"): ("52.14", "5.5e9"),
+    ("cifar10", "ali_dpfl"): ("52.05", "3.6e9"),
     ("cifar10", "dp_qffl"): ("48.46", "4.7e9"),
     ("cifar10", "fedfdp"): ("54.21", "2.6e9"),
 }
@@ -108,10 +113,29 @@ PAPER = {
 
 def plan_rounds(args) -> tuple[float, dict[str, int]]:
     """(epsilon, rounds per method): FedFDP's epsilon after ``--rounds`` rounds
-    (or ``--target-epsilon``), and each private method's largest T within it."""
+    (or ``--target-epsilon``), and each private method's largest T within it
+    (ALI-DPFL: ``--ali-rounds``, its R_s)."""
     eps, plan = _presets.fedfdp_plan(args.rounds, args.q, args.sigma, args.sigma_loss,
                                      args.target_epsilon)
-    return eps, {m: plan.get(m, args.rounds) for m in METHODS}
+    return eps, {m: args.ali_rounds if m == "ali_dpfl" else plan.get(m, args.rounds)
+                 for m in METHODS}
+
+
+def ali_dpfl_algorithm(args, model, num_clients: int, eps: float):
+    """ALI-DPFL at the tables' settings (every client every round, clip C,
+    sigma, q, the private lr): R_s = ``--ali-rounds`` and R_c the most DP-SGD
+    steps within ``eps`` beside R_s loss-change releases with ``--sigma-loss``
+    (none with ``--ali-estimates exact``, the authors' code, not accounted)."""
+    private = args.ali_estimates == "private"
+    max_steps = algorithms.ali_dpfl_max_steps(
+        eps, DELTA, sampling_rate=args.q, noise_multiplier=args.sigma,
+        num_rounds=args.ali_rounds,
+        loss_noise_multiplier=args.sigma_loss if private else None)
+    return algorithms.ali_dpfl(
+        model, clip=args.clip, noise_multiplier=args.sigma, sampling_rate=args.q,
+        num_rounds=args.ali_rounds, max_steps=max_steps, client_lr=args.lr,
+        estimates=args.ali_estimates, loss_noise_multiplier=args.sigma_loss,
+        normalize=args.normalize, cohort="full", cohort_size=num_clients), max_steps
 
 
 # a baseline's own hyperparameter: its record key, FEDFDP_BASELINES' name, and
@@ -165,6 +189,8 @@ def _variant(r, tuned=True) -> str:
         out += f" [lr {r['lr']:g}]"
     if r["method"] in PRIVATE and r.get("clip", 0.1) != 0.1:
         out += f" [C {r['clip']:g}]"
+    if r.get("ali_estimates", "private") != "private":
+        out += f" [{r['ali_estimates']} estimates]"
     if r.get("loss_clip_floor"):
         out += f" [loss-bound floor {r['loss_clip_floor']:g}]"
     if r.get("fair_clip", "sign_preserving") != "sign_preserving":
@@ -320,11 +346,13 @@ _NOT_IN_TAG = ("datasets", "methods", "rounds", "target_epsilon", "eval_every",
                "batch_ladder")
 
 
-def run_tag(args) -> str:
+def run_tag(args, method: str | None = None) -> str:
     """``<model>-<hash>``: the model and a hash of every other setting of a run
     (partition seed, alpha, clients, lambda, clip bounds, floor, ...), so two
-    runs that differ in any of them never share a checkpoint folder."""
-    cfg = {k: v for k, v in vars(args).items() if k not in _NOT_IN_TAG}
+    runs that differ in any of them never share a checkpoint folder. ALI-DPFL's
+    options count for its runs only (the other runs keep their tags)."""
+    cfg = {k: v for k, v in vars(args).items() if k not in _NOT_IN_TAG
+           and (method == "ali_dpfl" or not k.startswith("ali_"))}
     return f"{args.model}-{settings_hash(cfg, 8)}"
 
 
@@ -363,6 +391,12 @@ def main(argv=None):
                         "default; records made before 2026-11-28 used 0.01)")
     p.add_argument("--qffl-q", type=float, default=base["qffl_q"],
                    help="(DP-)q-FFL's q (the paper gives none)")
+    p.add_argument("--ali-rounds", type=int, default=100,
+                   help="ALI-DPFL's R_s, its rounds (the paper gives none); its "
+                        "R_c is the most DP-SGD steps within the budget")
+    p.add_argument("--ali-estimates", default="private", choices=["private", "exact"],
+                   help="ALI-DPFL's loss change for Gamma: released with noise "
+                        "(accounted) or exact (the authors' code; no epsilon)")
     p.add_argument("--server-momentum", type=float, default=base["server_momentum"],
                    help="DP-FedAvg's and FedFDP's server SGD momentum (0: the paper's)")
     p.add_argument("--seed", type=int, default=1)
@@ -402,6 +436,8 @@ def main(argv=None):
         p.error(f"--server-momentum: must be in [0, 1), got {args.server_momentum}")
     if not 0 <= args.val_fraction < 1:
         p.error(f"--val-fraction: must be in [0, 1), got {args.val_fraction}")
+    if args.ali_rounds < 1:
+        p.error(f"--ali-rounds: must be at least 1, got {args.ali_rounds}")
     if args.clients < 2:
         p.error(f"--clients: must be at least 2, got {args.clients}")
     eps, rounds = plan_rounds(args)
@@ -417,19 +453,25 @@ def main(argv=None):
               f"{np.asarray(fed.train.counts).tolist()}")
         for m in args.methods:
             t0 = time.perf_counter()
-            alg = _presets.fedfdp_algorithm(
-                m, model, q=args.q, lr=args.lr if m in PRIVATE else args.lr_nonprivate,
-                lam=args.lam, clip=args.clip, sigma=args.sigma,
-                sigma_loss=args.sigma_loss, num_clients=fed.num_clients,
-                normalize=args.normalize, loss_clip_floor=args.loss_clip_floor,
-                fair_clip=args.fair_clip,
-                baselines={name: getattr(args, key)
-                           for key, name, _ in _BASELINE_KEYS.values()})
+            ali = {}
+            if m == "ali_dpfl":
+                alg, rc = ali_dpfl_algorithm(args, model, fed.num_clients, eps)
+                ali = {"ali_rounds": args.ali_rounds, "ali_max_steps": rc,
+                       "ali_estimates": args.ali_estimates}
+            else:
+                alg = _presets.fedfdp_algorithm(
+                    m, model, q=args.q, lr=args.lr if m in PRIVATE else args.lr_nonprivate,
+                    lam=args.lam, clip=args.clip, sigma=args.sigma,
+                    sigma_loss=args.sigma_loss, num_clients=fed.num_clients,
+                    normalize=args.normalize, loss_clip_floor=args.loss_clip_floor,
+                    fair_clip=args.fair_clip,
+                    baselines={name: getattr(args, key)
+                               for key, name, _ in _BASELINE_KEYS.values()})
             mech = alg.privacy(fed) if m in PRIVATE else None
             mon = (privacy.Monitor(mech, DELTA) if mech is not None and mech.accounted
                    else None)
             ckdir = args.checkpoint_dir and os.path.join(
-                args.checkpoint_dir, f"{ds}_{m}_s{args.seed}_{run_tag(args)}")
+                args.checkpoint_dir, f"{ds}_{m}_s{args.seed}_{run_tag(args, m)}")
             res = simulate(alg, fed, num_rounds=rounds[m],
                            eval_every=min(args.eval_every, rounds[m]),
                            key=jax.random.key(args.seed), splits=splits,
@@ -460,7 +502,7 @@ def main(argv=None):
                    "model": args.model,  # FedFDP's own options only on its rows
                    **({"loss_clip_floor": args.loss_clip_floor,
                        "fair_clip": args.fair_clip} if m == "fedfdp" else {}),
-                   **_baseline_options(args, m),
+                   **_baseline_options(args, m), **ali,
                    "not_accounted": None if mech is None else mech.reason,
                    "lr": args.lr if m in PRIVATE else args.lr_nonprivate,
                    # the global model's size (DP-FedDyn's grows, docs/results/privacy.md)
@@ -471,7 +513,13 @@ def main(argv=None):
                    "curve": [[h["round"], h["global/test/accuracy/mean"],
                               h["global/test/loss/psi"]] for h in res.history
                              if "global/test/accuracy/mean" in h],
-                   **({"fair_weights": fair} if fair else {})}
+                   **({"fair_weights": fair} if fair else {}),
+                   # ALI-DPFL: (round, mean steps a round, steps spent, mu, Gamma),
+                   # each metric the mean over the rounds since the previous one
+                   **({"ali_curve": [[h["round"], h["ali/tau"], h["ali/steps"],
+                                      h["ali/mu"], h["ali/gamma"]]
+                                     for h in res.history if "ali/tau" in h]}
+                      if ali else {})}
             records.append(rec)
             write_jsonl(args.out, [rec])
             print(f"{ds} {m}: T={last['round']} acc "

@@ -6,6 +6,11 @@ from fedjax_pfl.toolkit import global_solver as global_solver
 
 from ._afl import AFLServerState as AFLServerState
 from ._afl import afl as afl
+from ._ali_dpfl import AliServerState as AliServerState
+from ._ali_dpfl import ali_dpfl as ali_dpfl
+from ._ali_dpfl import ali_dpfl_event as ali_dpfl_event
+from ._ali_dpfl import ali_dpfl_max_steps as ali_dpfl_max_steps
+from ._ali_dpfl import ali_tau as ali_tau
 from ._afl import project_simplex as project_simplex
 from ._apfl import APFLClientState as APFLClientState
 from ._apfl import apfl as apfl

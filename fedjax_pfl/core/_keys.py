@@ -31,5 +31,8 @@ class KeyTag(enum.IntEnum):
     LINDT_FB = 23  # client key: LINDT's fine-tuning (FB) stream
     FEDFDP_LOSS_NOISE = 24  # FEDFDP_LOSS key: the released loss's noise (was 1)
     FEDREP_HEAD = 25  # client key: FedRep's head-training minibatch stream
+    ALI_STEPS = 26  # client key: ALI-DPFL's local steps before the last one
+    ALI_LOSS = 27  # client key: ALI-DPFL's loss-change batch
+    ALI_LOSS_NOISE = 28  # ALI_LOSS key: the released loss change's noise
     NFL_PRIVATE_RUN = 99  # run key: the local-only run of private accuracies
     CLIENT_DP_NOISE = 217  # server key: client-level DP's aggregate noise

@@ -123,6 +123,13 @@ MAP = EngineConfig("map", map_batch_size=1, unroll=1)
 
 SPECS = {
     "afl": Spec(allowed={"lambda_lr": {"zero"}}),  # lam stays uniform (FedAvg)
+    # R_s < R_c (adaptive) and up to 3 steps a round
+    "ali_dpfl": Spec({**DP, "num_rounds": 2, "max_steps": 6, "tau_init": 2,
+                      "tau_max": 3}, {
+        **DP_ALLOWED,
+        "loss_clip": {"inf"},  # no loss-change bound (not accounted)
+        "loss_noise_multiplier": {"zero"},  # an exact loss change (not accounted)
+    }),
     "apfl": Spec(allowed={
         "alpha": {"zero"},  # alpha in [0, 1]; 0: the global model only
         "alpha_lr": {"zero"},  # alpha stays at its initial value
@@ -282,7 +289,7 @@ def _cases(select):
 
 
 def test_discovery_finds_the_factories():
-    known = {"afl", "apfl", "ditto", "dp_fedavg", "dp_fedprox", "dp_scaffold",
+    known = {"afl", "ali_dpfl", "apfl", "ditto", "dp_fedavg", "dp_fedprox", "dp_scaffold",
              "dp_feddyn", "dp_qffl", "ewc", "fedavg", "local_only",
              "feddyn", "fedfdp", "fedfair", "fedavg_plus", "fedcomed_plus",
              "fedgeomed_plus", "fedplus", "fedprox", "l2sgd", "lindt", "mapper",

@@ -618,6 +618,24 @@ def test_fedfdp_tables_smoke(tmp_path):
                                     val["global/test/loss/psi"]]
 
 
+def test_fedfdp_tables_ali_dpfl_smoke(tmp_path):
+    """ALI-DPFL runs its R_s rounds within the budget and records R_c and its
+    (round, steps a round, steps spent, mu, Gamma) curve."""
+    if not os.environ.get("FEDJAX_PFL_DATA_DIR"):
+        pytest.skip("FEDJAX_PFL_DATA_DIR is not set")
+    out = tmp_path / "a.jsonl"
+    [rec] = _load("fedfdp_tables").main([
+        "--model", "mlp", "--clients", "3", "--max-examples", "600", "--rounds", "2",
+        "--eval-every", "1", "--methods", "ali_dpfl", "--ali-rounds", "3",
+        "--target-epsilon", "0.5", "--out", str(out)])
+    assert rec["round"] == 3 and rec["ali_rounds"] == 3 and rec["ali_max_steps"] >= 1
+    assert rec["epsilon"] <= rec["target_epsilon"] and rec["not_accounted"] is None
+    assert [c[0] for c in rec["ali_curve"]] == [1, 2, 3]
+    assert rec["ali_curve"][-1][2] <= rec["ali_max_steps"]
+    assert "| mnist | ali_dpfl [MLP] [3 clients] | 3 |" in _load(
+        "fedfdp_tables").report(str(out))
+
+
 def test_batch_ladder_smoke(tmp_path):
     if not os.environ.get("FEDJAX_PFL_DATA_DIR"):
         pytest.skip("FEDJAX_PFL_DATA_DIR is not set")
