@@ -112,7 +112,7 @@ FEDPLUS_WRAPPED = Spec({"sigma": 0.1}, FEDPLUS_ALLOWED, wraps="fedplus",
 DP = {"clip": 1.0, "noise_multiplier": 0.5, "sampling_rate": 0.25,
       "max_batch_size": 16}
 DP_ALLOWED = {"clip": {"inf"}, "noise_multiplier": {"zero"}}  # the non-private run
-DP_SGD = ("dp_fedavg", "dp_fedprox", "dp_scaffold", "dp_feddyn", "dp_qffl")
+DP_SGD = ("dp_fedavg", "dp_fedprox", "dp_scaffold", "dp_feddyn", "dp_qffl", "ali_dpfl")
 
 # Tiny settings every factory gets when it has the keyword.
 BASE = dict(num_local_steps=1, batch_size=8, cohort_size=2, cohort="uniform",
