@@ -460,7 +460,8 @@ def main(argv=None):
                        "ali_estimates": args.ali_estimates}
             else:
                 alg = _presets.fedfdp_algorithm(
-                    m, model, q=args.q, lr=args.lr if m in PRIVATE else args.lr_nonprivate,
+                    m, model, q=args.q,
+                    lr=args.lr if m in PRIVATE else args.lr_nonprivate,
                     lam=args.lam, clip=args.clip, sigma=args.sigma,
                     sigma_loss=args.sigma_loss, num_clients=fed.num_clients,
                     normalize=args.normalize, loss_clip_floor=args.loss_clip_floor,

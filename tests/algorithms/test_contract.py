@@ -289,8 +289,8 @@ def _cases(select):
 
 
 def test_discovery_finds_the_factories():
-    known = {"afl", "ali_dpfl", "apfl", "ditto", "dp_fedavg", "dp_fedprox", "dp_scaffold",
-             "dp_feddyn", "dp_qffl", "ewc", "fedavg", "local_only",
+    known = {"afl", "ali_dpfl", "apfl", "ditto", "dp_fedavg", "dp_fedprox",
+             "dp_scaffold", "dp_feddyn", "dp_qffl", "ewc", "fedavg", "local_only",
              "feddyn", "fedfdp", "fedfair", "fedavg_plus", "fedcomed_plus",
              "fedgeomed_plus", "fedplus", "fedprox", "l2sgd", "lindt", "mapper",
              "mocha", "per_fedavg", "pfedme", "qffl", "scaffold", "skl"}
