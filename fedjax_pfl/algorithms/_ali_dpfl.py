@@ -167,6 +167,11 @@ def _loss_change(model: Model, dp: DPConfig, sampling: str, batch_size: int,
     return on_sampled_rows(release, rows[0], mask[0], dp)
 
 
+def _steps_now(server: AliServerState, max_steps: int, tau_max: int) -> jax.Array:
+    """This round's steps: ``tau``, cut to what is left of the budget R_c."""
+    return jnp.clip(jnp.minimum(server.tau, max_steps - server.steps), 0, tau_max)
+
+
 def client_update(model: Model, cfg, dp: DPConfig, sampling: str, tau_max: int,
                   max_steps: int, release, attack, mal, server: AliServerState,
                   client_state, cid, key, data, *, cohort_size: int) -> ClientResult:
@@ -177,7 +182,7 @@ def client_update(model: Model, cfg, dp: DPConfig, sampling: str, tau_max: int,
     KeyTag.ALI_LOSS))``, the loss change of the last step. Upload:
     ``(w_k - w, last step, loss change)``, weight ``n_k``."""
     w = server.params
-    active = jnp.clip(jnp.minimum(server.tau, max_steps - server.steps), 0, tau_max)
+    active = _steps_now(server, max_steps, tau_max)
     kw = dict(lr=cfg.lr, batch_size=cfg.batch_size, sampling=sampling, dp=dp)
     before, loss_sum = w, jnp.float32(0.0)
     if tau_max > 1:
@@ -342,8 +347,7 @@ def ali_dpfl(
             agg_delta, agg_state = agg.aggregate(server.agg_state, delta, weights,
                                                  mask, key)
             params = jax.tree.map(jnp.add, server.params, agg_delta)
-            spent = jnp.clip(jnp.minimum(server.tau, max_steps - server.steps), 0,
-                             tau_max)
+            spent = _steps_now(server, max_steps, tau_max)
             steps = server.steps + spent
             mu, gamma = ali_estimates(delta, last, change, agg_delta, weights, mask)
             tau = server.tau
