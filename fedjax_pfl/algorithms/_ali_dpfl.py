@@ -17,7 +17,6 @@ sets the next ``tau`` to the minimiser of the paper's convergence bound
 from __future__ import annotations
 
 import functools
-import math
 from typing import NamedTuple
 
 import dp_accounting
@@ -35,7 +34,7 @@ from fedjax_pfl.core import (
     federated_round,
 )
 from fedjax_pfl.data import gather_batch
-from fedjax_pfl.models import Model
+from fedjax_pfl.models import Model, num_params
 from fedjax_pfl.privacy import (
     DPConfig,
     dp_batches,
@@ -43,8 +42,8 @@ from fedjax_pfl.privacy import (
     dp_local_train,
     dp_sgd_mechanism,
     max_rounds,
-    noise_std,
     on_sampled_rows,
+    release_loss,
     sampled_gaussian_event,
 )
 from fedjax_pfl.toolkit import (
@@ -134,11 +133,6 @@ def ali_dpfl_max_steps(target_epsilon: float, delta: float, *, sampling_rate: fl
         **kwargs)
 
 
-def _num_params(model: Model) -> int:
-    shapes = jax.eval_shape(model.init, jax.random.key(0))
-    return int(sum(math.prod(s.shape) for s in jax.tree.leaves(shapes)))
-
-
 def _loss_change(model: Model, dp: DPConfig, sampling: str, batch_size: int,
                  estimates: str, loss_clip, loss_noise_multiplier, before, after,
                  split, cid, key):
@@ -158,11 +152,10 @@ def _loss_change(model: Model, dp: DPConfig, sampling: str, batch_size: int,
                   - model.loss(model.apply(before, b.x), b.y))
         if estimates == "exact":
             return jnp.sum(change * b.mask) / jnp.maximum(jnp.sum(b.mask), 1.0)
-        total = jnp.sum(jnp.clip(change, -loss_clip, loss_clip) * b.mask)
-        z = jax.random.normal(jax.random.fold_in(key, KeyTag.ALI_LOSS_NOISE), (),
-                              jnp.float32)
-        den = dp_denominator(dp, b.mask, split.counts[cid], batch_size)
-        return (total + noise_std(loss_clip, loss_noise_multiplier) * z) / den
+        return release_loss(change, b.mask, loss_clip, loss_noise_multiplier,
+                            jax.random.fold_in(key, KeyTag.ALI_LOSS_NOISE),
+                            dp_denominator(dp, b.mask, split.counts[cid], batch_size),
+                            lower=-loss_clip)
 
     return on_sampled_rows(release, rows[0], mask[0], dp)
 
@@ -321,7 +314,7 @@ def ali_dpfl(
     agg = aggregator or mean(weighted=weighted)
     adapt = adaptive and num_rounds < max_steps  # R_s >= R_c: tau = 1 (the code)
     tau0 = 1 if adaptive and not adapt else tau_init
-    dim = _num_params(model)
+    dim = num_params(model)
     release = functools.partial(_loss_change, model, dp, sampling, batch_size,
                                 estimates, loss_clip, loss_noise_multiplier)
     kernel = functools.partial(client_update, model, cfg, dp, sampling, tau_max,

@@ -57,11 +57,13 @@ def private_grad(
 
 
 def release_loss(losses: jax.Array, mask: jax.Array, bound, noise_multiplier, key,
-                 denominator=None) -> jax.Array:
+                 denominator=None, lower=0.0) -> jax.Array:
     """FedFDP's private loss release (eq. 15): clip each loss to ``[0, bound]``,
     add ``N(0, (noise_multiplier * bound)^2)`` to the masked sum, divide by the
-    realised batch size (or ``denominator``)."""
-    clipped = jnp.clip(losses, 0.0, bound) * mask
+    realised batch size (or ``denominator``). ``lower`` in ``[-bound, 0]``
+    clips to ``[lower, bound]`` instead, the same sensitivity ``bound`` (e.g.
+    ALI-DPFL's loss changes, ``lower = -bound``)."""
+    clipped = jnp.clip(losses, lower, bound) * mask
     den = jnp.maximum(jnp.sum(mask), 1.0) if denominator is None else denominator
     z = jax.random.normal(key, (), jnp.float32)
     return (jnp.sum(clipped) + noise_std(bound, noise_multiplier) * z) / den

@@ -66,6 +66,10 @@ def test_loss_release():
     assert float(out) == pytest.approx(2.0)  # clipped [1, 2.5, 2.5] -> 2.0
     out = privacy.release_loss(losses, mask, jnp.inf, 0.0, jax.random.key(0))
     assert float(out) == pytest.approx(3.0)  # no clip, no noise: the mean
+    # a lower bound (ALI-DPFL's loss changes): [-2, 3, 5] clipped to [-1, 2.5]
+    out = privacy.release_loss(jnp.array([-2.0, 3.0, 5.0, -9.0]), mask, 2.5, 0.0,
+                               jax.random.key(0), lower=-1.0)
+    assert float(out) == pytest.approx(4.0 / 3)
     draws = jax.jit(jax.vmap(lambda k: privacy.release_loss(
         losses, mask, 2.5, 2.0, k)))(jax.random.split(jax.random.key(1), 20000))
     d = np.asarray(draws)
