@@ -13,7 +13,8 @@ releases its loss with C_loss = 2.5, sigma_loss = 5, lam = 0.1. The baselines'
 own hyperparameters are not in the paper: FedProx mu 0.001, FedDyn alpha 1,
 q-FFL q 1 (ours, ``_presets.FEDFDP_BASELINES``; ``--fedprox-mu``,
 ``--feddyn-alpha``, ``--qffl-q`` change them; ``--server-momentum`` gives
-DP-FedAvg and FedFDP a server momentum); DP-q-FFL releases its loss as FedFDP does.
+FedAvg, FedFair, DP-FedAvg and FedFDP a server momentum); DP-q-FFL releases its
+loss as FedFDP does.
 
 CPU-scale: the paper runs T ~ 683-880 rounds at epsilon 3.52; here
 ``--target-epsilon`` is smaller so that FedFDP fits ``--rounds`` rounds, and
@@ -145,7 +146,8 @@ _BASELINE_KEYS = {
                                 ("feddyn", ("feddyn_alpha", "alpha", 0.01)),
                                 ("qffl", ("qffl_q", "qffl_q", 1.0)))
        for m in (base, "dp_" + base)},
-    **{m: ("server_momentum", "server_momentum", 0.0) for m in ("dp_fedavg", "fedfdp")}}
+    **{m: ("server_momentum", "server_momentum", 0.0)
+       for m in ("fedavg", "fedfair", "dp_fedavg", "fedfdp")}}
 
 
 def _baseline_options(args, method) -> dict:
@@ -398,7 +400,8 @@ def main(argv=None):
                    help="ALI-DPFL's loss change for Gamma: released with noise "
                         "(accounted) or exact (the authors' code; no epsilon)")
     p.add_argument("--server-momentum", type=float, default=base["server_momentum"],
-                   help="DP-FedAvg's and FedFDP's server SGD momentum (0: the paper's)")
+                   help="the server SGD momentum of FedAvg, FedFair, DP-FedAvg and "
+                        "FedFDP (0: the paper's)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--partition-seed", type=int, default=None,
                    help="the Dirichlet partition's seed (default: --seed; the "

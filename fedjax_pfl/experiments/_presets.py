@@ -402,7 +402,8 @@ FEDFDP_PRIVATE = ("dp_fedavg", "dp_scaffold", "dp_fedprox", "dp_feddyn", "dp_qff
                   "fedfdp")
 # the paper gives none: mu is PFLlib's example value, alpha PFLlib's default
 # (the authors' code is a PFLlib fork; 0.01 until 2026-11-28, see docs/privacy.md)
-# server_momentum: DP-FedAvg's and FedFDP's server SGD momentum (0: the paper's)
+# server_momentum: the server SGD momentum of FedAvg, FedFair, DP-FedAvg and FedFDP
+# (0: the paper's)
 FEDFDP_BASELINES = {"mu": 0.001, "alpha": 1.0, "qffl_q": 1.0, "server_momentum": 0.0}
 
 
@@ -420,7 +421,8 @@ def fedfdp_algorithm(method, model, *, q, lr, lam, clip, sigma, sigma_loss,
     FedFair rows). The baselines' own hyperparameters: FEDFDP_BASELINES, each
     replaced by its entry in ``baselines`` (a dict with keys among ``mu``,
     ``alpha``, ``qffl_q``, ``server_momentum``, the last the server SGD
-    momentum of DP-FedAvg and FedFDP; ``ValueError`` for any other key).
+    momentum of FedAvg, FedFair, DP-FedAvg and FedFDP; ``ValueError`` for any
+    other key).
     ``loss_clip_floor`` and ``fair_clip`` are FedFDP's (``algorithms.fedfdp``)."""
     unknown = sorted(set(baselines or {}) - set(FEDFDP_BASELINES))
     if unknown:
@@ -432,7 +434,8 @@ def fedfdp_algorithm(method, model, *, q, lr, lam, clip, sigma, sigma_loss,
                 if b["server_momentum"] else {})
     if method in ("fedavg", "fedfair"):
         return algorithms.fedfair(model, lam=lam if method == "fedfair" else 0.0,
-                                  cohort="full", num_local_steps=1, **common)
+                                  cohort="full", num_local_steps=1, **momentum,
+                                  **common)
     if method == "fedfdp":
         return algorithms.fedfdp(model, lam=lam, clip=clip, noise_multiplier=sigma,
                                  loss_clip=loss_clip, loss_noise_multiplier=sigma_loss,

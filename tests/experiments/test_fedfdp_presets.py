@@ -156,7 +156,7 @@ def test_fedprox_equals_fedavg_with_one_local_step(fedavg, fedprox, data):
 def test_baselines_override_their_own_hyperparameter(data):
     """``baselines`` replaces FEDFDP_BASELINES' entries: FedDyn's alpha changes
     its run (from round 2 on, through the clients' linear terms), a server
-    momentum DP-FedAvg's, and a key that is not a baseline's hyperparameter is
+    momentum FedAvg's and DP-FedAvg's, and a key that is not a baseline's hyperparameter is
     refused by name."""
     def run(**kw):
         alg = _presets.fedfdp_algorithm("feddyn", MODEL, num_clients=data.num_clients,
@@ -165,12 +165,12 @@ def test_baselines_override_their_own_hyperparameter(data):
                         progress=False).history[-1]["global/test/loss/mean"]
     assert run() == run(baselines={"alpha": _presets.FEDFDP_BASELINES["alpha"]})
     assert run() != run(baselines={"alpha": 0.01})
-    momentum = _presets.fedfdp_algorithm("dp_fedavg", MODEL, num_clients=data.num_clients,
-                                         baselines={"server_momentum": 0.9}, **SETTING)
-    a, b = (simulate(alg, data, num_rounds=3, eval_every=3, key=jax.random.key(0),
-                     progress=False).history[-1]["global/test/loss/mean"]
-            for alg in (_alg("dp_fedavg", data), momentum))
-    assert a != b
+    for method in ("fedavg", "dp_fedavg"):  # with and without DP
+        momentum = _alg(method, data, baselines={"server_momentum": 0.9})
+        a, b = (simulate(alg, data, num_rounds=3, eval_every=3, key=jax.random.key(0),
+                         progress=False).history[-1]["global/test/loss/mean"]
+                for alg in (_alg(method, data), momentum))
+        assert a != b, method
     with pytest.raises(ValueError, match=r"^baselines: unknown keys \['beta'\]"):
         _presets.fedfdp_algorithm("feddyn", MODEL, num_clients=data.num_clients,
                                   baselines={"beta": 1.0}, **SETTING)
