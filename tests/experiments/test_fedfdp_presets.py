@@ -156,8 +156,8 @@ def test_fedprox_equals_fedavg_with_one_local_step(fedavg, fedprox, data):
 def test_baselines_override_their_own_hyperparameter(data):
     """``baselines`` replaces FEDFDP_BASELINES' entries: FedDyn's alpha changes
     its run (from round 2 on, through the clients' linear terms), a server
-    momentum FedAvg's and DP-FedAvg's, and a key that is not a baseline's hyperparameter is
-    refused by name."""
+    momentum FedAvg's and DP-FedAvg's, and a key that is not a baseline's
+    hyperparameter is refused by name."""
     def run(**kw):
         alg = _presets.fedfdp_algorithm("feddyn", MODEL, num_clients=data.num_clients,
                                         **SETTING, **kw)
