@@ -158,19 +158,14 @@ def test_baselines_override_their_own_hyperparameter(data):
     its run (from round 2 on, through the clients' linear terms), a server
     momentum FedAvg's and DP-FedAvg's, and a key that is not a baseline's
     hyperparameter is refused by name."""
-    def run(**kw):
-        alg = _presets.fedfdp_algorithm("feddyn", MODEL, num_clients=data.num_clients,
-                                        **SETTING, **kw)
-        return simulate(alg, data, num_rounds=3, eval_every=3, key=jax.random.key(0),
+    def run(method="feddyn", **kw):
+        return simulate(_alg(method, data, **kw), data, num_rounds=3, eval_every=3,
+                        key=jax.random.key(0),
                         progress=False).history[-1]["global/test/loss/mean"]
     assert run() == run(baselines={"alpha": _presets.FEDFDP_BASELINES["alpha"]})
     assert run() != run(baselines={"alpha": 0.01})
     for method in ("fedavg", "dp_fedavg"):  # with and without DP
-        momentum = _alg(method, data, baselines={"server_momentum": 0.9})
-        a, b = (simulate(alg, data, num_rounds=3, eval_every=3, key=jax.random.key(0),
-                         progress=False).history[-1]["global/test/loss/mean"]
-                for alg in (_alg(method, data), momentum))
-        assert a != b, method
+        assert run(method) != run(method, baselines={"server_momentum": 0.9}), method
     with pytest.raises(ValueError, match=r"^baselines: unknown keys \['beta'\]"):
         _presets.fedfdp_algorithm("feddyn", MODEL, num_clients=data.num_clients,
                                   baselines={"beta": 1.0}, **SETTING)
