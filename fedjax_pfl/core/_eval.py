@@ -191,6 +191,7 @@ def summarize(
     *,
     tail: float = 0.1,
     psi_weights: jax.Array | None = None,
+    lower_is_better: bool = False,
 ) -> dict[str, jax.Array]:
     """Fairness/robustness summaries of a per-client metric over a client mask.
 
@@ -200,7 +201,9 @@ def summarize(
       ``mean`` (weighted by ``weights``, e.g. test-set sizes: the Ditto code's
       'benign test accu'), ``mean_unweighted``, ``std`` and ``var`` (ddof=0,
       across clients; the Ditto paper's fairness measure), ``worst10``/``best10``
-      (mean of the lowest/highest ``tail`` fraction of clients, at least one);
+      (mean over the worst/best ``tail`` fraction of clients, at least one:
+      the lowest/highest values, or with ``lower_is_better`` (a loss) the
+      highest/lowest);
       with ``psi_weights`` also ``psi``: the weighted variance
       ``sum_i p_i (v_i - sum_j p_j v_j)^2`` with ``p`` the normalized
       ``psi_weights`` (FedFDP's fairness measure Psi, eq. 6, with ``p_i``
@@ -228,8 +231,9 @@ def summarize(
     low = jnp.sort(jnp.where(valid, values, jnp.inf))
     high = -jnp.sort(jnp.where(valid, -values, jnp.inf))
     take = (order < k).astype(jnp.float32)
-    worst = jnp.sum(jnp.where(take > 0, low, 0.0)) / k
-    best = jnp.sum(jnp.where(take > 0, high, 0.0)) / k
+    low_tail = jnp.sum(jnp.where(take > 0, low, 0.0)) / k
+    high_tail = jnp.sum(jnp.where(take > 0, high, 0.0)) / k
+    worst, best = (high_tail, low_tail) if lower_is_better else (low_tail, high_tail)
     nan = jnp.float32(jnp.nan)
     extra = {}
     if psi_weights is not None:
@@ -281,7 +285,8 @@ def evaluate(
             res = evaluate_split(view, split)
             for metric in metrics:
                 summ = summarize(res[metric], res["count"], mask,
-                                 psi_weights=data.train.counts)
+                                 psi_weights=data.train.counts,
+                                 lower_is_better=metric == "loss")
                 for s, val in summ.items():
                     out[f"{name}/{split_name}/{metric}/{s}"] = val
                 if per_client:
