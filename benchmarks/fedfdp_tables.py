@@ -498,7 +498,9 @@ def main(argv=None):
                    "partition_seed": part_seed, "alpha": args.alpha,
                    "val_fraction": args.val_fraction,
                    "clients": fed.num_clients,
-                   "wall_s": time.perf_counter() - t0, "target_epsilon": eps,
+                   "wall_s": time.perf_counter() - t0,
+                   # the budget a private row ran within; none for a non-private one
+                   "target_epsilon": eps if m in PRIVATE else None,
                    "epsilon": last.get("privacy/epsilon"), "q": args.q,
                    "clip": args.clip, "sigma": args.sigma, "lam": args.lam,
                    "normalize": args.normalize, "resumed": args.resume,

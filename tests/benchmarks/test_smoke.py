@@ -611,6 +611,8 @@ def test_fedfdp_tables_smoke(tmp_path):
         "--clients", "3", "--max-examples", "600", "--rounds", "2", "--eval-every", "1",
         "--methods", "fedavg", "--val-fraction", "0.2", "--out", str(out)])
     assert val["val_fraction"] == 0.2 and 0 <= val["global/val/accuracy/mean"] <= 1
+    # a non-private run spends no budget: neither epsilon nor a target
+    assert val["epsilon"] is None and val["target_epsilon"] is None
     assert val["strategy"] == "auto" and val["batch_ladder"] == "auto"
     # every evaluation's (round, test accuracy, Psi), the last one the record's
     assert [c[0] for c in val["curve"]] == [0, 1, 2]  # round 0: the initial model
